@@ -1,0 +1,5 @@
+"""`python -m rlctl` entry point."""
+
+from rlctl.cli import main
+
+main()
