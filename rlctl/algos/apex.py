@@ -1,0 +1,184 @@
+"""Ape-X DQN math: actor-side exploration, n-step transitions and priorities, learner-side targets and loss.
+
+No sockets or processes here; the collector and learner roles call into these functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def epsilon_ladder(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """Per-actor exploration rates eps_i = base ** (1 + alpha * i / (N - 1)) from the Ape-X paper."""
+    if num_actors < 1:
+        raise ValueError(f"num_actors must be >= 1, got {num_actors}")
+    if num_actors == 1:
+        return np.array([base], dtype=np.float32)
+    i = np.arange(num_actors, dtype=np.float64)
+    return (base ** (1.0 + alpha * i / (num_actors - 1))).astype(np.float32)
+
+
+class NStepAccumulator:
+    """Turns a vector env's step stream into n-step transitions, per env, vectorized over envs.
+
+    Each call to `step` feeds one vector-env step (s_t, a_t, r_t, s_{t+1}, terminated, truncated)
+    for all envs and returns the transitions that became complete:
+
+    * mid-episode, once an env holds n pending steps, each new step completes the oldest one
+      with the n-step return and discount gamma**n;
+    * on `terminated`, every pending step completes with its partial return up to the episode
+      end, next_obs = the final observation and discount 0 (no bootstrap past a true terminal);
+    * on `truncated` (time limit, not terminated), likewise but with discount gamma**m, m being
+      the number of rewards summed, so the learner bootstraps from the final observation.
+
+    `valid` handles gymnasium 1.x's default NEXT_STEP autoreset: on the step after an episode
+    ends, the vector env resets that sub-env, ignores the action and returns the reset obs with
+    reward 0. That step is not a transition, so the collector passes
+    valid = ~(previous terminated | truncated); rows with valid False are ignored entirely.
+
+    Emitted rows are ordered by env index, then oldest pending step first.
+    """
+
+    def __init__(self, num_envs: int, n: int, gamma: float, obs_shape: tuple[int, ...], obs_dtype=np.float32):
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.num_envs = int(num_envs)
+        self.n = int(n)
+        self.gamma = float(gamma)
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.obs_dtype = np.dtype(obs_dtype)
+        # Ring buffers indexed [slot, env]; an env's pending steps live at slots start..start+count-1 (mod n).
+        self._obs = np.zeros((self.n, self.num_envs, *self.obs_shape), dtype=self.obs_dtype)
+        self._actions = np.zeros((self.n, self.num_envs), dtype=np.int64)
+        # float64 so long discounted sums don't drift before the final float32 cast.
+        self._rewards = np.zeros((self.n, self.num_envs), dtype=np.float64)
+        self._start = np.zeros(self.num_envs, dtype=np.int64)
+        self._count = np.zeros(self.num_envs, dtype=np.int64)
+        self._env_index = np.arange(self.num_envs)
+        self._age = np.arange(self.n)
+
+    def pending(self) -> np.ndarray:
+        """Number of steps each env holds that have not been emitted yet."""
+        return self._count.copy()
+
+    def reset(self) -> None:
+        """Drop all pending steps (e.g. after the collector resets every env)."""
+        self._start[:] = 0
+        self._count[:] = 0
+
+    def step(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        valid: np.ndarray | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Feed one vector-env step; return the transitions that became complete (possibly zero rows)."""
+        n, gamma = self.n, self.gamma
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        valid = np.ones(self.num_envs, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+        envs = self._env_index[valid]
+
+        # 1. Append the new step of every valid env at the end of its window.
+        write_slot = (self._start[envs] + self._count[envs]) % n
+        self._obs[write_slot, envs] = np.asarray(obs)[valid]
+        self._actions[write_slot, envs] = np.asarray(actions)[valid]
+        self._rewards[write_slot, envs] = np.asarray(rewards, dtype=np.float64)[valid]
+        self._count[envs] += 1
+
+        done = (terminated | truncated) & valid
+        full = valid & ~done & (self._count == n)
+
+        # 2. Rewards in age order [age, env], zero past each env's count, then backward discounted sums.
+        slot_by_age = (self._start[None, :] + self._age[:, None]) % n
+        in_window = self._age[:, None] < self._count[None, :]
+        rewards_by_age = np.where(in_window, self._rewards[slot_by_age, self._env_index[None, :]], 0.0)
+        returns = np.zeros_like(rewards_by_age)
+        running = np.zeros(self.num_envs, dtype=np.float64)
+        for k in range(n - 1, -1, -1):
+            running = rewards_by_age[k] + gamma * running
+            returns[k] = running
+
+        # 3. Which (env, age) pairs complete now: whole window on episode end, the oldest when full.
+        emit = (done[None, :] & in_window) | (full[None, :] & (self._age[:, None] == 0))
+        env_idx, age_idx = np.nonzero(emit.T)  # env-major, oldest first
+        slots = slot_by_age[age_idx, env_idx]
+        m = self._count[env_idx] - age_idx
+        discount = np.where(terminated[env_idx], 0.0, gamma ** m.astype(np.float64))
+
+        out = {
+            "obs": self._obs[slots, env_idx].copy(),
+            "action": self._actions[slots, env_idx].copy(),
+            "reward": returns[age_idx, env_idx].astype(np.float32),
+            "next_obs": np.asarray(next_obs, dtype=self.obs_dtype)[env_idx],
+            "discount": discount.astype(np.float32),
+        }
+
+        # 4. Slide full windows by one; clear windows of finished episodes.
+        self._start[full] = (self._start[full] + 1) % n
+        self._count[full] = n - 1
+        self._start[done] = 0
+        self._count[done] = 0
+        return out
+
+
+def double_dqn_targets(
+    online: nn.Module, target: nn.Module, next_obs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor
+) -> torch.Tensor:
+    """Double-DQN targets y = r + discount * Q_target(s', argmax_a Q_online(s', a)), without grad."""
+    with torch.no_grad():
+        best_actions = online(next_obs).argmax(dim=1, keepdim=True)
+        next_values = target(next_obs).gather(1, best_actions).squeeze(1)
+        return rewards + discounts * next_values
+
+
+def td_loss(
+    q_values: torch.Tensor, actions: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance-weighted Huber TD loss; returns (loss, |TD error| detached) for priority updates."""
+    q_taken = q_values.gather(1, actions.long().unsqueeze(1)).squeeze(1)
+    huber = F.smooth_l1_loss(q_taken, targets, reduction="none", beta=1.0)
+    loss = (weights * huber).mean()
+    td_abs = (q_taken - targets).abs().detach()
+    return loss, td_abs
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    """Device of the module's first parameter, CPU for parameterless modules."""
+    first = next(module.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def initial_priorities(online: nn.Module, batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Actor-side Ape-X priorities |r + discount * max_a Q(s') - Q(s)[a]| for fresh n-step transitions."""
+    k = len(batch["action"])
+    if k == 0:
+        return np.zeros(0, dtype=np.float32)
+    device = _module_device(online)
+    with torch.no_grad():
+        # One forward over [obs; next_obs] halves the per-call overhead on the actor.
+        stacked = torch.as_tensor(np.concatenate([batch["obs"], batch["next_obs"]]), device=device)
+        q = online(stacked)
+        q_obs, q_next = q[:k], q[k:]
+        actions = torch.as_tensor(batch["action"], dtype=torch.int64, device=device)
+        rewards = torch.as_tensor(batch["reward"], dtype=q.dtype, device=device)
+        discounts = torch.as_tensor(batch["discount"], dtype=q.dtype, device=device)
+        targets = rewards + discounts * q_next.max(dim=1).values
+        q_taken = q_obs.gather(1, actions.unsqueeze(1)).squeeze(1)
+        return (targets - q_taken).abs().float().cpu().numpy()
+
+
+def greedy_epsilon_actions(q_values: torch.Tensor, epsilons: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per-row epsilon-greedy actions: uniform random where rng.random(B) < eps_i, else argmax."""
+    batch, n_actions = q_values.shape
+    greedy = q_values.argmax(dim=1).cpu().numpy().astype(np.int64)
+    explore = rng.random(batch) < np.broadcast_to(np.asarray(epsilons, dtype=np.float64), (batch,))
+    random_actions = rng.integers(0, n_actions, size=batch, dtype=np.int64)
+    return np.where(explore, random_actions, greedy)

@@ -1,0 +1,55 @@
+"""Checkpoints: model + optimizer + counters, written atomically; newest kept plus every Kth."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+FORMAT = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be read or used."""
+
+
+def save_checkpoint(directory: str | Path, payload: dict, index: int, keep_every: int) -> Path:
+    """Write `latest.pt` atomically; also keep `ckpt-<index>.pt` for every Kth save."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".latest.pt.{os.getpid()}.tmp"
+    torch.save({"format": FORMAT, **payload}, tmp)
+    numbered = d / f"ckpt-{index:06d}.pt"
+    if keep_every and index % keep_every == 0 and not numbered.exists():
+        os.link(tmp, numbered)  # same bytes, no second write
+    os.replace(tmp, d / "latest.pt")
+    return d / "latest.pt"
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Read a checkpoint (tensors and plain data only: no pickled code is executed)."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        raise CheckpointError(f"cannot read checkpoint: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError("not an rlctl checkpoint")
+    return data
+
+
+def evaluate_checkpoint(path: str | Path, episodes: int, seed: int) -> dict:
+    """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths."""
+    from rlctl.models import QNetwork
+    from rlctl.roles.evaluator import greedy_episodes
+    from rlctl.spec import validate_job
+
+    data = load_checkpoint(path)
+    spec = validate_job(data["job"], f"{path}:job")
+    model = QNetwork(tuple(data["obs_shape"]), int(data["n_actions"]), spec.model.hidden, spec.model.activation,
+                     spec.algorithm.dueling)
+    model.load_state_dict(data["model"])
+    returns, lengths = greedy_episodes(model, spec.env, episodes, seed)
+    return {"checkpoint": str(path), "updates": int(data.get("updates", 0)), "episodes": episodes,
+            "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+            "return_max": float(returns.max()), "length_mean": float(lengths.mean())}

@@ -1,0 +1,325 @@
+"""The `rlctl` command line: each command a thin function over the library.
+
+Imports here stay light (typer + the standard library): `--help`, `status`,
+`logs` and `stop` never import torch, numpy or pydantic.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rlctl import __version__
+
+app = typer.Typer(
+    name="rlctl",
+    help="Run distributed reinforcement-learning jobs from declarative TOML job files.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _complete_run(incomplete: str) -> list[str]:
+    from rlctl.rundir import list_runs, runs_root
+
+    return [r.run_id for r in list_runs(runs_root()) if r.run_id.startswith(incomplete)]
+
+
+RunsDirOpt = typer.Option(None, "--runs-dir", help="Parent folder of run directories [env: RLCTL_RUNS_DIR; default ./runs].")
+RunArg = typer.Argument(None, help="Run id or unique prefix; default the newest run.", autocompletion=_complete_run)
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+def _bad_input(message: str) -> "typer.Exit":
+    from rlctl.console import get_console
+
+    get_console(stderr=True).print(message, markup=False)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def _load(path: Path):
+    from rlctl.spec import JobFileError, load_job
+
+    try:
+        return load_job(path)
+    except JobFileError as exc:
+        raise _bad_input(exc.render()) from None
+
+
+def _resolve(runs_dir: Optional[Path], run: Optional[str]):
+    from rlctl.rundir import RunNotFound, resolve_run, runs_root
+
+    try:
+        return resolve_run(runs_root(runs_dir), run)
+    except RunNotFound as exc:
+        raise _bad_input(str(exc)) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"rlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")) -> None:
+    """Run distributed reinforcement-learning jobs from declarative TOML job files."""
+
+
+@app.command()
+def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
+    """Check job files against the schema; exit 2 naming the key path on error."""
+    from rlctl.spec import JobFileError, load_job
+
+    bad = 0
+    for f in files:
+        try:
+            spec = load_job(f)
+        except JobFileError as exc:
+            bad += 1
+            print(exc.render(), file=sys.stderr)
+            continue
+        print(f"{f}: OK ({spec.algorithm.name}, {spec.env.id})")
+    if bad:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command()
+def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool = JsonOpt,
+         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Render the launch plan (every process, host, command, port); start nothing."""
+    from rlctl.console import display_table, get_console, print_json
+    from rlctl.plan import choose_base_port, local_python, make_plan
+    from rlctl.rundir import new_run_id, runs_root
+
+    spec = _load(job_file)
+    run_id = new_run_id(spec.job.name)
+    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python())
+    if as_json:
+        print_json(p.to_dict())
+        return
+    con = get_console()
+    con.print(f"job {p.job} ({p.algorithm}), run dir {p.run_dir}, binds {p.bind_host}, ports {p.ports()}", markup=False)
+    rows = [[x.name, x.role, x.rank, x.host, ", ".join(f"{k}={v}" for k, v in x.binds.items()) or "-", " ".join(x.argv)]
+            for x in p.processes]
+    display_table("processes", ["process", "role", "rank", "host", "binds", "argv"], rows)
+    con.print("environment (every process; RLCTL_ROLE/RLCTL_RANK/RLCTL_HOST per process):", markup=False)
+    for k, v in p.to_dict()["processes"][0]["env"].items():
+        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST"):
+            con.print(f"  {k}={v}", markup=False)
+
+
+@app.command()
+def run(job_file: Path = typer.Argument(..., help="Job file."),
+        detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background; print the run id."),
+        runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
+    from rlctl.plan import choose_base_port, local_python, make_plan
+    from rlctl.rundir import RunDir, runs_root
+    from rlctl.spec import dumps_toml, resolved_dict
+
+    spec = _load(job_file)
+    remote = [h.name for h in spec.hosts if not h.is_local]
+    if remote:
+        raise _bad_input(f"{job_file}: hosts {', '.join(remote)} are remote; launching over SSH is not available "
+                         "in this version (`rlctl plan` shows the commands it will use)")
+    root = runs_root(runs_dir)
+    rundir = RunDir.create(root, spec.job.name)
+    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
+    p = make_plan(spec, rundir.run_id, str(rundir.path), choose_base_port(spec), python=local_python())
+    rundir.plan_json.write_text(p.to_json())
+    rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
+                        "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
+                        "hosts": [h["name"] for h in p.hosts]})
+    if detach:
+        out = open(rundir.path / "supervisor.out", "ab")
+        subprocess.Popen([sys.executable, "-m", "rlctl.supervise", str(rundir.path)], stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        print(rundir.run_id)
+        print(f"  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
+              file=sys.stderr)
+        return
+    from rlctl.supervise import supervise_rundir
+
+    code = _run_attached(rundir, supervise_rundir)
+    raise typer.Exit(code)
+
+
+def _run_attached(rundir, supervise_rundir) -> int:
+    from rlctl.console import get_console, live_renderable, progress_line
+
+    con = get_console()
+    if con.is_terminal:
+        from rich.live import Live
+
+        with Live(console=con, refresh_per_second=4, transient=False) as live:
+            code = supervise_rundir(str(rundir.path), display=lambda st: live.update(live_renderable(st)))
+    else:
+        last = [0.0]
+
+        def show(st: dict) -> None:
+            if time.time() - last[0] >= 5 or st.get("status") in ("finished", "stopped", "failed"):
+                last[0] = time.time()
+                print(progress_line(st), flush=True)
+
+        code = supervise_rundir(str(rundir.path), display=show)
+    state = rundir.read_state() or {}
+    con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False)
+    failure = state.get("failure")
+    if failure:
+        con.print(f"--- last lines of {failure.get('process')} ---", markup=False)
+        for line in failure.get("log_tail", []):
+            con.print(line, markup=False)
+    con.print(f"  rlctl status {rundir.run_id}\n  rlctl logs {rundir.run_id}\n  rlctl eval {rundir.run_id}", markup=False)
+    return code
+
+
+@app.command()
+def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """All runs, or one run's processes."""
+    from rlctl.console import display_table, get_console, print_json, processes_table_rows, run_header, runs_table_rows
+    from rlctl.rundir import list_runs, runs_root
+
+    if run is None:
+        cols, rows = runs_table_rows(list_runs(runs_root(runs_dir)))
+        display_table("runs", cols, rows, as_json=as_json)
+        return
+    rd = _resolve(runs_dir, run)
+    state = rd.read_state() or {}
+    if as_json:
+        print_json({**state, "status": rd.effective_status(state)})
+        return
+    get_console().print(run_header({**state, "status": rd.effective_status(state)}), markup=False)
+    cols, rows = processes_table_rows(state)
+    display_table(None, cols, rows)
+
+
+@app.command()
+def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
+         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator)."),
+         rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
+         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Merged log lines of a run, prefixed by process, ordered by time."""
+    from rlctl.console import get_console, log_line_markup
+    from rlctl.rundir import follow_logs, merged_log_lines
+
+    rd = _resolve(runs_dir, run)
+    con = get_console()
+    try:
+        if follow:
+            if tail is not None:
+                for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
+                    con.print(log_line_markup(src, text, ts))
+            for ts, src, text in follow_logs(rd, role, rank, start_at_end=tail is not None):
+                con.print(log_line_markup(src, text, ts))
+        else:
+            for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
+                con.print(log_line_markup(src, text, ts))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    except BrokenPipeError:  # `rlctl logs | head`
+        sys.stderr.close()
+
+
+@app.command()
+def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--timeout", min=0, help="Seconds to wait."),
+         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
+    from rlctl.rundir import TERMINAL_STATES, pid_alive
+
+    rd = _resolve(runs_dir, run)
+    state = rd.read_state() or {}
+    status_now = rd.effective_status(state)
+    if status_now in TERMINAL_STATES:
+        print(f"{rd.run_id} is already {status_now}")
+        _reap(state)
+        return
+    pid = state.get("supervisor_pid")
+    if status_now != "lost" and pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + timeout
+        while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
+            time.sleep(0.1)
+        state = rd.read_state() or {}
+        if rd.effective_status(state) not in TERMINAL_STATES:
+            print(f"{rd.run_id} did not stop within {timeout:g}s (status {rd.effective_status(state)}); "
+                  f"killing its processes", file=sys.stderr)
+            _reap(state)
+            raise typer.Exit(EXIT_FAILED)
+    else:
+        # The supervisor is gone: end its processes ourselves and record it.
+        _reap(state)
+        state.update(status="stopped", ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
+        rd.write_state(state)
+    left = _reap(state)
+    print(f"{rd.run_id} {rd.effective_status()}" + (f"; {left} process groups had to be killed" if left else ""))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap(state: dict) -> int:
+    """End every process group of the run still alive (SIGTERM, SIGKILL after 3 s); returns how many were."""
+    alive = [p["pgid"] for p in state.get("processes", []) if p.get("pgid") and _group_alive(p["pgid"])]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in alive:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 3
+        while time.time() < deadline and any(_group_alive(g) for g in alive):
+            time.sleep(0.05)
+    return len(alive)
+
+
+@app.command("eval")
+def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint file.", autocompletion=_complete_run),
+          episodes: int = typer.Option(10, "--episodes", min=1, help="Greedy episodes to run."),
+          seed: int = typer.Option(12345, "--seed", help="Seed of the evaluation envs."),
+          as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Run greedy episodes with a run's newest checkpoint (or a checkpoint file) and print the mean return."""
+    path = Path(target)
+    if not path.is_file():
+        rd = _resolve(runs_dir, target)
+        path = rd.checkpoints_dir / "latest.pt"
+        if not path.is_file():
+            raise _bad_input(f"{rd.run_id} has no checkpoint yet ({path})")
+    from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
+
+    try:
+        result = evaluate_checkpoint(path, episodes, seed)
+    except CheckpointError as exc:
+        raise _bad_input(f"{path}: {exc}") from None
+    if as_json:
+        from rlctl.console import print_json
+
+        print_json(result)
+    else:
+        print(f"{path}: mean return {result['return_mean']:.1f} over {episodes} episodes "
+              f"(min {result['return_min']:.1f}, max {result['return_max']:.1f})")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,353 @@
+"""All terminal output of the CLI: one rich Console, tables, run headers and log lines.
+
+On the fast CLI path: imports only the standard library at module level; rich is imported
+inside the functions that render, so `import rlctl.console` stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
+
+_consoles: dict[bool, "Console"] = {}
+
+STATUS_STYLES = {
+    "created": "cyan",
+    "starting": "cyan",
+    "running": "green",
+    "restarting": "yellow",
+    "stopping": "yellow",
+    "finished": "bold green",
+    "exited": "dim",
+    "stopped": "yellow",
+    "failed": "bold red",
+    "lost": "magenta",
+    "unknown": "dim",
+}
+# Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
+ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
+
+RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
+PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat age"]
+
+
+def get_console(stderr: bool = False) -> "Console":
+    """The shared rich Console (one for stdout, one for stderr)."""
+    if stderr not in _consoles:
+        from rich.console import Console
+
+        # No auto-highlighting: output is styled explicitly, numbers in log text stay as written.
+        _consoles[stderr] = Console(stderr=stderr, highlight=False)
+    return _consoles[stderr]
+
+
+def print_json(obj: Any) -> None:
+    """Write obj as plain JSON (no rich markup or colour) to stdout."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _num(x: Any) -> float | None:
+    """x as a float if it is a real number (not bool/None/str), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+def format_duration(seconds: float | None) -> str:
+    """Compact duration: "12.3s", "4m05s", "2h03m"; "-" if unknown."""
+    s = _num(seconds)
+    if s is None or math.isnan(s):
+        return "-"
+    if math.isinf(s):
+        return "inf"
+    s = max(0.0, s)
+    if round(s, 1) < 60:
+        return f"{s:.1f}s"
+    total = int(round(s))
+    if total < 3600:
+        minutes, secs = divmod(total, 60)
+        return f"{minutes}m{secs:02d}s"
+    hours, rest = divmod(total, 3600)
+    return f"{hours}h{rest // 60:02d}m"
+
+
+def format_rate(x: float | None) -> str:
+    """Compact number with SI suffix: "12.3", "12.3k", "1.2M"; "-" for None."""
+    value = _num(x)
+    if value is None:
+        return "-" if x is None else str(x)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    for suffix in ("", "k", "M", "G", "T"):
+        if round(abs(value), 1) < 1000 or suffix == "T":
+            return f"{value:.1f}{suffix}"
+        value /= 1000
+    return f"{value:.1f}T"  # pragma: no cover - loop always returns
+
+
+def _format_count(x: Any) -> str:
+    """Whole-number count ("123456"), "-" if missing."""
+    value = _num(x)
+    return "-" if value is None or not math.isfinite(value) else str(int(value))
+
+
+def _format_float(x: Any, digits: int = 1) -> str:
+    """Fixed-point number, "-" if missing."""
+    value = _num(x)
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _metrics(state: dict) -> dict:
+    """The state's metrics dict (empty if missing or malformed)."""
+    metrics = state.get("metrics") if isinstance(state, dict) else None
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def _elapsed(state: dict, now: float | None = None) -> float | None:
+    """Seconds the run has been going (until ended_at, or last update for ended/lost runs)."""
+    start = _num(state.get("started_at"))
+    if start is None:
+        return None
+    end = _num(state.get("ended_at"))
+    if end is None and status_of(state) in TERMINAL_STATES | {"lost"}:
+        end = _num(state.get("updated_at"))  # last sign of life of a run that is over
+    if end is None:
+        end = time.time() if now is None else now
+    return max(0.0, end - start)
+
+
+def _styled(status: str) -> "Text":
+    """Status word coloured by STATUS_STYLES."""
+    from rich.text import Text
+
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def _local_time(ts: Any) -> str:
+    """Local "YYYY-mm-dd HH:MM:SS" of an epoch time, "-" if missing."""
+    value = _num(ts)
+    if value is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    except (OverflowError, OSError, ValueError):
+        return "-"
+
+
+def _plain_cell(cell: Any) -> Any:
+    """A table cell as a JSON value: rich Text -> its plain string, numbers/str/None unchanged."""
+    if cell is None or isinstance(cell, (str, int, float, bool)):
+        return cell
+    plain = getattr(cell, "plain", None)
+    return plain if isinstance(plain, str) else str(cell)
+
+
+def _render_cell(cell: Any) -> "RenderableType":
+    """A table cell for rich: strings are plain text (never markup), None is "-"."""
+    from rich.text import Text
+
+    if cell is None:
+        return Text("-", style="dim")
+    if isinstance(cell, (str, int, float)):
+        return Text(str(cell))
+    return cell
+
+
+def build_table(title: str | None, columns: list[str], rows: list[list]) -> "Table":
+    """A rich Table of rows; numeric columns are right-aligned."""
+    from rich import box
+    from rich.table import Table
+
+    # collapse_padding: tables must stay readable in 80-column (non-TTY) output.
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, title_justify="left", header_style="bold", collapse_padding=True, pad_edge=False
+    )
+    for i, name in enumerate(columns):
+        values = [row[i] for row in rows if i < len(row) and row[i] is not None]
+        numeric = bool(values) and all(_num(v) is not None for v in values)
+        table.add_column(name, justify="right" if numeric else "left")
+    for row in rows:
+        cells = list(row) + [None] * (len(columns) - len(row))
+        table.add_row(*(_render_cell(c) for c in cells[: len(columns)]))
+    return table
+
+
+def display_table(title: str | None, columns: list[str], rows: list[list], as_json: bool = False) -> None:
+    """Print a table (or, with as_json, a JSON list of dicts keyed by column)."""
+    if as_json:
+        print_json([{col: _plain_cell(cell) for col, cell in zip(columns, row)} for row in rows])
+        return
+    get_console().print(build_table(title, columns, rows))
+
+
+def _job_from_run_id(run_id: str) -> str:
+    """Job name part of a run id ("apex-cartpole-20261129-220111" -> "apex-cartpole")."""
+    parts = run_id.split("-")
+    # Drop "-YYYYmmdd-HHMMSS" and an optional collision suffix "-N".
+    for drop in (3, 2):
+        if len(parts) > drop and parts[-drop].isdigit() and len(parts[-drop]) == 8:
+            return "-".join(parts[:-drop])
+    return run_id
+
+
+def _run_row(rundir: RunDir) -> list:
+    """One row of the runs table."""
+    state = rundir.read_state() or {}
+    metrics = _metrics(state)
+    hosts = state.get("hosts")
+    return [
+        rundir.run_id,
+        state.get("job") or _job_from_run_id(rundir.run_id),
+        state.get("algorithm") or "-",
+        _styled(rundir.effective_status(state) if state else "unknown"),
+        _local_time(state.get("started_at")),
+        format_duration(_elapsed(state)),
+        format_rate(_num(metrics.get("charts/env_steps"))),
+        _format_float(metrics.get("charts/episode_return_mean")),
+        ", ".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "-",
+    ]
+
+
+def runs_table_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
+    """Columns and rows for `rlctl status` without a run: one row per run."""
+    return list(RUNS_COLUMNS), [_run_row(r) for r in runs]
+
+
+def _process_row(proc: dict, now: float) -> list:
+    """One row of the processes table."""
+    rate = _num(proc.get("rate"))
+    unit = proc.get("rate_unit") or ""
+    heartbeat = _num(proc.get("last_heartbeat"))
+    return [
+        proc.get("name") or "-",
+        proc.get("role") or "-",
+        proc.get("rank"),
+        proc.get("host") or "-",
+        proc.get("pid"),
+        _styled(str(proc.get("state") or "unknown")),
+        proc.get("restarts"),
+        f"{format_rate(rate)} {unit}".strip() if rate is not None else "-",
+        f"{format_duration(now - heartbeat)} ago" if heartbeat is not None else "-",
+    ]
+
+
+def processes_table_rows(state: dict, now: float | None = None) -> tuple[list[str], list[list]]:
+    """Columns and rows for the processes of one run (robust to missing fields)."""
+    now = time.time() if now is None else now
+    procs = state.get("processes") if isinstance(state, dict) else None
+    procs = [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
+    return list(PROCESS_COLUMNS), [_process_row(p, now) for p in procs]
+
+
+def run_header(state: dict, now: float | None = None) -> str:
+    """One-line summary: job, algorithm, run id, status, elapsed, env steps, steps/s, returns."""
+    state = state if isinstance(state, dict) else {}
+    metrics = _metrics(state)
+    parts = [
+        str(state.get("job") or "-"),
+        str(state.get("algorithm") or "-"),
+        str(state.get("run_id") or "-"),
+        status_of(state),
+        format_duration(_elapsed(state, now)),
+        f"env steps {format_rate(_num(metrics.get('charts/env_steps')))}"
+        f" ({format_rate(_num(metrics.get('charts/env_steps_per_s')))}/s)",
+        f"return {_format_float(metrics.get('charts/episode_return_mean'))}",
+        f"eval {_format_float(metrics.get('eval/return_mean'))}",
+    ]
+    return " | ".join(parts)
+
+
+def _failure_text(state: dict) -> "Text | None":
+    """Red block describing the failed process and its last log lines, if the run failed."""
+    from rich.text import Text
+
+    failure = state.get("failure")
+    if not isinstance(failure, dict):
+        return None
+    text = Text(f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}\n", style="bold red")
+    tail = failure.get("log_tail")
+    for line in tail if isinstance(tail, list) else []:
+        text.append(f"  {line}\n", style="red")
+    return text
+
+
+def live_renderable(state: dict) -> "RenderableType":
+    """Header panel + processes table (+ failure/exit reason) for the supervisor's rich Live display."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    state = state if isinstance(state, dict) else {}
+    status = status_of(state)
+    parts: list = [Panel(Text(run_header(state)), border_style=STATUS_STYLES.get(status, ""), expand=True)]
+    columns, rows = processes_table_rows(state)
+    parts.append(build_table(None, columns, rows))
+    if state.get("exit_reason"):
+        parts.append(Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, "")))
+    failure = _failure_text(state)
+    if failure is not None:
+        parts.append(failure)
+    return Group(*parts)
+
+
+def progress_line(state: dict, now: float | None = None) -> str:
+    """Plain single status line for non-TTY output, e.g. "[  12.3s] running env_steps=123456 (20.0k/s) ..."."""
+    state = state if isinstance(state, dict) else {}
+    metrics = _metrics(state)
+    parts = [f"[{format_duration(_elapsed(state, now)):>7}]", status_of(state)]
+    steps = _num(metrics.get("charts/env_steps"))
+    steps_per_s = _num(metrics.get("charts/env_steps_per_s"))
+    if steps is not None:
+        parts.append(f"env_steps={_format_count(steps)}" + (f" ({format_rate(steps_per_s)}/s)" if steps_per_s is not None else ""))
+    elif steps_per_s is not None:
+        parts.append(f"env_steps/s={format_rate(steps_per_s)}")
+    for label, key in (("return", "charts/episode_return_mean"), ("eval", "eval/return_mean")):
+        if _num(metrics.get(key)) is not None:
+            parts.append(f"{label}={_format_float(metrics[key])}")
+    updates = _num(metrics.get("learner/updates_per_s"))
+    if updates is not None:
+        parts.append(f"updates/s={updates:.0f}" if abs(updates) < 1000 else f"updates/s={format_rate(updates)}")
+    return " ".join(parts)
+
+
+def _role_of(source: str) -> str:
+    """Role part of a source name ("collector-3" -> "collector")."""
+    role, sep, rank = source.rpartition("-")
+    return role if sep and rank.isdigit() else source
+
+
+def role_colour(source: str) -> str:
+    """Stable palette colour for a source's role (same role -> same colour, in every process)."""
+    # zlib.crc32, not hash(): str hashes are randomised per interpreter.
+    return ROLE_PALETTE[zlib.crc32(_role_of(source).encode()) % len(ROLE_PALETTE)]
+
+
+def _clock(ts: float) -> str:
+    """Local "HH:MM:SS.mmm" of an epoch time."""
+    try:
+        millis = int((ts % 1) * 1000)
+        return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{millis:03d}"
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "??:??:??.???"
+
+
+def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) -> "Text":
+    """Log line as rich Text: "HH:MM:SS.mmm source | text", prefix coloured by role; text never markup."""
+    from rich.text import Text
+
+    line = Text(f"{_clock(ts)} {source:<{source_width}} | ", style=role_colour(source))
+    # Process output may carry its own ANSI colours; decode those rather than printing escapes.
+    line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
+    return line

@@ -1,0 +1,139 @@
+"""One stream of metrics from heartbeats -> aggregated figures, TensorBoard event files.
+
+Fixed namespaces (as CleanRL): `charts/` (env steps, episode returns),
+`losses/`, `learner/`, `replay/`, `collector/`, `eval/`, `net/`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+
+class MetricsHub:
+    """Aggregates per-process heartbeat metrics into run-level figures."""
+
+    def __init__(self, return_window: int = 20):
+        self.latest: dict[str, dict] = {}  # process name -> its last metrics
+        self.step_base: dict[str, int] = {}  # env steps of a collector's earlier incarnations
+        self.returns: deque[float] = deque(maxlen=return_window)
+        self.lengths: deque[float] = deque(maxlen=return_window)
+        self.episodes = 0
+        self.new_episodes: list[float] = []  # since the last drain, for per-episode TensorBoard points
+        self.learner_ranks: dict[int, dict] = {}
+
+    def on_heartbeat(self, name: str, role: str, metrics: dict) -> None:
+        """Take one process's heartbeat."""
+        returns = metrics.pop("episode_returns", None) or []
+        lengths = metrics.pop("episode_lengths", None) or []
+        clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        self.latest[name] = clean
+        if role == "learner":
+            self.learner_ranks[int(metrics.get("rank", 0))] = clean
+        rets = [float(r) for r in returns if isinstance(r, (int, float))]
+        self.returns.extend(rets)
+        self.lengths.extend(float(x) for x in lengths if isinstance(x, (int, float)))
+        self.episodes += len(rets)
+        self.new_episodes.extend(rets)
+
+    def on_restart(self, name: str) -> None:
+        """A process restarts: keep the env steps it already made."""
+        self.step_base[name] = self.step_base.get(name, 0) + int(self.latest.get(name, {}).get("env_steps", 0))
+        self.latest.pop(name, None)
+
+    def _of(self, prefix: str) -> list[dict]:
+        return [m for n, m in self.latest.items() if n.startswith(prefix)]
+
+    def snapshot(self) -> dict:
+        """Run-level figures under the fixed namespaces."""
+        out: dict[str, float] = {}
+        collectors = self._of("collector-")
+        env_steps = sum(int(m.get("env_steps", 0)) for m in collectors) + sum(self.step_base.values())
+        out["charts/env_steps"] = env_steps
+        out["charts/env_steps_per_s"] = sum(float(m.get("env_steps_per_s", 0.0)) for m in collectors)
+        out["charts/episodes"] = self.episodes
+        if self.returns:
+            out["charts/episode_return_mean"] = sum(self.returns) / len(self.returns)
+        if self.lengths:
+            out["charts/episode_length_mean"] = sum(self.lengths) / len(self.lengths)
+        learner = self.learner_ranks.get(0, {})
+        for key, value in learner.items():
+            if key.startswith(("losses/", "learner/")) and isinstance(value, (int, float)):
+                out[key] = value
+        shards = self._of("replay-")
+        for key in ("replay/size", "replay/insert_per_s", "replay/sampled_per_s", "replay/inserted"):
+            vals = [float(m[key]) for m in shards if key in m]
+            if vals:
+                out[key] = sum(vals)
+        versions = [float(m["collector/weight_version"]) for m in collectors if "collector/weight_version" in m]
+        if versions and "learner/version" in learner:
+            out["collector/weight_version_lag"] = float(learner["learner/version"]) - sum(versions) / len(versions)
+        evaluator = self._of("evaluator-")
+        for key in ("eval/return_mean", "eval/length_mean", "eval/version"):
+            vals = [float(m[key]) for m in evaluator if key in m]
+            if vals:
+                out[key] = vals[0]
+        out["net/dropped"] = sum(int(m.get("net/dropped", 0)) for m in self.latest.values())
+        out["net/refused"] = sum(int(m.get("net/refused", 0)) for m in self.latest.values())
+        return out
+
+    def drain_episodes(self) -> list[float]:
+        """Episode returns that arrived since the last call."""
+        eps, self.new_episodes = self.new_episodes, []
+        return eps
+
+
+class TensorBoardWriter:
+    """Scalars and text into TensorBoard event files, without importing torch."""
+
+    def __init__(self, logdir: str):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._writer = EventFileWriter(logdir)
+
+    def scalars(self, values: dict[str, float], step: int, wall: float | None = None) -> None:
+        """One event holding every scalar at `step`."""
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+        self._writer.add_event(Event(summary=summary, step=int(step), wall_time=wall or time.time()))
+
+    def text(self, tag: str, markdown: str, step: int = 0) -> None:
+        """A text summary (shown in TensorBoard's Text tab)."""
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+        meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        tensor = TensorProto(dtype=7, string_val=[markdown.encode()],  # 7 = DT_STRING
+                             tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+        summary = Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=tensor)])
+        self._writer.add_event(Event(summary=summary, step=step, wall_time=time.time()))
+
+    def flush(self) -> None:
+        """Write buffered events to disk."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self._writer.close()
+
+
+def hyperparameter_table(flat: dict[str, object]) -> str:
+    """Markdown table of the job's settings, as CleanRL writes its hyperparameters."""
+    rows = "\n".join(f"|{k}|{v}|" for k, v in sorted(flat.items()))
+    return "|param|value|\n|-|-|\n" + rows
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, object]:
+    """Nested dict -> {"a.b": value}."""
+    out: dict[str, object] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,198 @@
+"""JobSpec -> LaunchPlan: every process, host, argv, environment and port, as pure data.
+
+`make_plan` is a pure function of its inputs (the job, the run directory and
+the base port), so `rlctl plan` shows exactly what `rlctl run` will start.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import zlib
+from dataclasses import asdict, dataclass, field
+
+from rlctl.hosts import SECRET_ENV, launcher_for
+from rlctl.spec import HostSpec, JobSpec
+
+SECRET_MASK = "********"
+ROLE_MODULES = {
+    "learner": "rlctl.roles.learner",
+    "replay": "rlctl.roles.replay",
+    "collector": "rlctl.roles.collector",
+    "evaluator": "rlctl.roles.evaluator",
+}
+# Roles whose death ends the run; the others are restarted up to topology.max_restarts.
+CRITICAL_ROLES = frozenset({"learner", "replay"})
+LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Blueprint of one process ("as a class is to an object"): the running one is a supervise.ProcessHandle."""
+
+    name: str
+    role: str
+    rank: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    binds: dict[str, str] = field(default_factory=dict)
+    critical: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything `rlctl run` will start, rendered before anything starts."""
+
+    job: str
+    algorithm: str
+    run_id: str
+    run_dir: str
+    bind_host: str
+    base_port: int
+    endpoints: dict[str, object]
+    hosts: list[dict]
+    processes: list[ProcessSpec]
+
+    def to_dict(self, mask_secrets: bool = True) -> dict:
+        """Plain data (for plan.json and `rlctl plan --json`), secrets masked."""
+        data = asdict(self)
+        if mask_secrets:
+            for proc in data["processes"]:
+                for key in proc["env"]:
+                    if key in SECRET_ENV:
+                        proc["env"][key] = SECRET_MASK
+        return data
+
+    def to_json(self, mask_secrets: bool = True) -> str:
+        """JSON text of to_dict()."""
+        return json.dumps(self.to_dict(mask_secrets), indent=1)
+
+    def ports(self) -> list[int]:
+        """Every port the job binds."""
+        return sorted({int(ep.rsplit(":", 1)[1]) for p in self.processes for ep in p.binds.values()})
+
+
+def ports_needed(spec: JobSpec) -> int:
+    """Size of the job's contiguous port range."""
+    return 3 + 2 * spec.replay_shard_count + 1
+
+
+def default_base_port(spec: JobSpec) -> int:
+    """A per-job default port, stable for the same job name (so plans are reproducible)."""
+    return 20000 + (zlib.crc32(spec.job.name.encode()) % 2000) * 16
+
+
+def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
+    """The job's base port: the configured one, else the first range that is free now, from the per-job default."""
+    if spec.network.base_port:
+        return spec.network.base_port
+    need = ports_needed(spec)
+    start = default_base_port(spec)
+    for offset in range(0, 20000, 16):
+        base = 20000 + (start - 20000 + offset) % 32000
+        if all(_port_free(host, base + i) for i in range(need)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def placement(spec: JobSpec) -> list[HostSpec]:
+    """The hosts and what runs on each; without [[hosts]] everything runs on localhost."""
+    if spec.hosts:
+        return list(spec.hosts)
+    topo = spec.topology
+    return [LOCAL_HOST.model_copy(update={
+        "collectors": topo.collectors,
+        "replay_shards": spec.replay_shard_count,
+        "evaluator": topo.evaluator,
+    })]
+
+
+def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
+              python: str | None = None, keys_env: str = SECRET_MASK) -> LaunchPlan:
+    """Render the launch plan. Pure: the same inputs give the same plan."""
+    hosts = placement(spec)
+    all_local = all(h.is_local for h in hosts)
+    bind_host = "127.0.0.1" if all_local else "0.0.0.0"
+
+    def addr(h: HostSpec) -> str:
+        if all_local:
+            return "127.0.0.1"
+        return h.advertise_address or h.destination
+
+    head = next(h for h in hosts if h.learner)
+    shards = [h for h in hosts for _ in range(h.replay_shards)]
+    port = iter(range(base_port, base_port + ports_needed(spec)))
+    control_port, weights_port, rdzv_port = next(port), next(port), next(port)
+    replay_eps = []
+    for h in shards:
+        exp, smp = next(port), next(port)
+        replay_eps.append({"host": h.name, "experience": f"tcp://{addr(h)}:{exp}", "sample": f"tcp://{addr(h)}:{smp}",
+                           "bind_experience": f"tcp://{_bind(h, all_local)}:{exp}",
+                           "bind_sample": f"tcp://{_bind(h, all_local)}:{smp}"})
+    # The supervisor's control socket lives on the launching machine.
+    endpoints: dict[str, object] = {
+        "control": f"tcp://127.0.0.1:{control_port}",
+        "weights": f"tcp://{addr(head)}:{weights_port}",
+        "rendezvous": f"{addr(head)}:{rdzv_port}",
+        "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
+    }
+    base_env = {
+        "RLCTL_RUN_ID": run_id,
+        "RLCTL_JOB": f"{run_dir}/job.toml",
+        "RLCTL_CHECKPOINT_DIR": f"{run_dir}/checkpoints",
+        "RLCTL_ENDPOINTS": json.dumps(endpoints, sort_keys=True, separators=(",", ":")),
+        "RLCTL_CURVE_KEYS": keys_env,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs: list[ProcessSpec] = []
+
+    def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
+        env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
+               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":"))}
+        py = python if (python and h.is_local) else h.python
+        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env)
+        procs.append(ProcessSpec(f"{role}-{rank}", role, rank, h.name, full, env, binds, role in CRITICAL_ROLES))
+
+    for rank, (h, r) in enumerate(zip(shards, replay_eps)):
+        add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
+            {"experience": r["bind_experience"], "sample": r["bind_sample"]})
+    for node, h in enumerate(x for x in hosts if x.learner):
+        argv = ["{python}", "-m", "torch.distributed.run",
+                "--nnodes", "1", "--nproc-per-node", str(spec.topology.learner_procs), "--node-rank", str(node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(endpoints["rendezvous"]), "--rdzv-id", run_id,
+                "--max-restarts", "0", "--monitor-interval", "0.2",
+                "-m", ROLE_MODULES["learner"]]
+        add("learner", node, h, argv, {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
+                                       "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"})
+    evaluators = [h for h in hosts if h.evaluator]
+    for rank, h in enumerate(evaluators):
+        add("evaluator", rank, h, ["{python}", "-m", ROLE_MODULES["evaluator"]], {})
+    for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
+        add("collector", rank, h, ["{python}", "-m", ROLE_MODULES["collector"]], {})
+
+    host_rows = [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": addr(h),
+                  "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
+                  "evaluator": h.evaluator} for h in hosts]
+    return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, bind_host, base_port,
+                      endpoints, host_rows, procs)
+
+
+def _bind(h: HostSpec, all_local: bool) -> str:
+    return "127.0.0.1" if all_local else (h.advertise_address or "0.0.0.0")
+
+
+def local_python() -> str:
+    """The interpreter running rlctl (local processes use the same one)."""
+    return sys.executable

@@ -1,0 +1,100 @@
+"""What a role process knows about itself, read in one place from the environment the plan gave it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from rlctl import wire
+from rlctl.spec import JobSpec, load_job
+
+
+@dataclass
+class RoleContext:
+    """Role, rank, job and endpoints of this process (from RLCTL_* and torchrun's variables)."""
+
+    role: str
+    rank: int
+    host: str
+    run_id: str
+    job: JobSpec
+    endpoints: dict
+    checkpoint_dir: str
+    keys: wire.CurveKeys
+    binds: dict
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "RoleContext":
+        """Build from the environment; learners take their rank from torchrun (RANK, WORLD_SIZE)."""
+        env = os.environ
+        role = env["RLCTL_ROLE"]
+        rank = int(env["RANK"]) if role == "learner" else int(env["RLCTL_RANK"])
+        return cls(
+            role=role, rank=rank, host=env.get("RLCTL_HOST", "localhost"), run_id=env["RLCTL_RUN_ID"],
+            job=load_job(env["RLCTL_JOB"]), endpoints=json.loads(env["RLCTL_ENDPOINTS"]),
+            checkpoint_dir=env.get("RLCTL_CHECKPOINT_DIR", ""), keys=wire.CurveKeys.from_env(),
+            binds=json.loads(env.get("RLCTL_BINDS", "{}")),
+            world_size=int(env.get("WORLD_SIZE", "1")), local_rank=int(env.get("LOCAL_RANK", "0")),
+        )
+
+    @property
+    def name(self) -> str:
+        """`role-rank`, as in logs and status."""
+        return f"{self.role}-{self.rank}"
+
+    @property
+    def seed(self) -> int:
+        """This process's seed, derived from the job seed so processes differ but runs repeat."""
+        return self.job.job.seed * 1000 + {"learner": 0, "replay": 100, "collector": 200, "evaluator": 900}[self.role] + self.rank
+
+
+class StopFlag:
+    """SIGTERM/SIGINT turn into a flag that role loops check; the loop decides where it is safe to stop."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.requested = True
+
+    def __bool__(self) -> bool:
+        return self.requested
+
+
+class ControlClient:
+    """DEALER to the supervisor's control ROUTER: hello, then heartbeats that carry metrics."""
+
+    def __init__(self, net: wire.SecureContext, rc: RoleContext):
+        self.rc = rc
+        self.interval = rc.job.logging.metrics_interval_s
+        # Linger so the final heartbeat (checkpoint, digest) leaves before the process exits.
+        self.sock = net.client(zmq.DEALER, rc.endpoints["control"], linger=2000, sndhwm=100)
+        self.next_at = 0.0
+        self.net = net
+        self.send("hello", {"pid": os.getpid(), "role": rc.role, "rank": rc.rank, "host": rc.host})
+
+    def send(self, kind: str, meta: dict) -> None:
+        """Send without ever blocking the role loop (dropped if the supervisor is gone)."""
+        try:
+            wire.send(self.sock, kind, self.rc.name, 0, meta, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def due(self, now: float | None = None) -> bool:
+        """True when the next heartbeat is due."""
+        return (now or time.monotonic()) >= self.next_at
+
+    def heartbeat(self, metrics: dict) -> None:
+        """Send metrics now and schedule the next heartbeat."""
+        self.next_at = time.monotonic() + self.interval
+        metrics.setdefault("net/refused", self.net.refused)
+        self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})

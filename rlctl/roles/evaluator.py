@@ -1,0 +1,79 @@
+"""Evaluator role: greedy episodes on the newest weights; reports `eval/return_mean`.
+
+Started as `python -m rlctl.roles.evaluator`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from rlctl import wire
+from rlctl.envs import make_vec_env, space_info
+from rlctl.models import QNetwork
+from rlctl.roles.collector import WeightSubscriber
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.spec import EnvSpec
+
+
+def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths)."""
+    env = make_vec_env(env_spec, num_envs=episodes)
+    obs, _ = env.reset(seed=seed)
+    returns = np.zeros(episodes)
+    lengths = np.zeros(episodes, dtype=np.int64)
+    running = np.ones(episodes, dtype=bool)
+    with torch.no_grad():
+        while running.any():
+            actions = model(torch.from_numpy(np.asarray(obs))).argmax(1).numpy()
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            returns += rewards * running
+            lengths += running
+            running &= ~(terminated | truncated)
+    env.close()
+    return returns, lengths
+
+
+def run(rc: RoleContext, stop: StopFlag) -> None:
+    """Evaluate each new weight version, at most once per `evaluator.interval_s`."""
+    torch.set_num_threads(1)
+    job = rc.job
+    net = wire.SecureContext(rc.keys)
+    control = ControlClient(net, rc)
+    probe = make_vec_env(job.env, num_envs=1)
+    obs_shape, _, n_actions = space_info(probe)
+    probe.close()
+    model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
+    model.eval()
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model)
+    evaluated, next_at, rounds = -1, 0.0, 0
+    metrics: dict = {}
+    print(f"{rc.name}: {job.evaluator.episodes} greedy episodes per round on {job.env.id}", flush=True)
+    while not stop:
+        weights.sock.poll(100)
+        weights.poll()
+        now = time.monotonic()
+        if weights.version > evaluated and now >= next_at:
+            version = weights.version
+            returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds)
+            rounds += 1
+            evaluated, next_at = version, now + job.evaluator.interval_s
+            metrics = {"eval/return_mean": float(returns.mean()), "eval/return_min": float(returns.min()),
+                       "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds}
+            print(f"{rc.name}: version {version}: return {returns.mean():.1f} (min {returns.min():.0f})", flush=True)
+            control.heartbeat({**metrics, "net/dropped": weights.dropped})
+        elif control.due():
+            control.heartbeat({**metrics, "net/dropped": weights.dropped})
+    net.close()
+
+
+def main() -> None:
+    """Entry point for `python -m rlctl.roles.evaluator`."""
+    stop = StopFlag()
+    run(RoleContext.from_env(), stop)
+
+
+if __name__ == "__main__":
+    main()

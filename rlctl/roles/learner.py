@@ -1,0 +1,209 @@
+"""Learner role (Ape-X DQN), one process per torchrun rank.
+
+Always started by torchrun, so one code path serves 1 CPU process and N
+nodes x M GPUs: DDP averages gradients; each rank samples from its own replay
+shard(s) with `prefetch` requests in flight; rank 0 publishes weights,
+checkpoints and reports learner metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import zmq
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rlctl import wire
+from rlctl.algos.apex import double_dqn_targets, td_loss
+from rlctl.checkpoint import save_checkpoint
+from rlctl.envs import make_vec_env, space_info
+from rlctl.models import QNetwork, flat_parameters, parameter_digest
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.spec import resolved_dict
+
+BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "keys", "weights")
+
+
+def learner_device(rc: RoleContext) -> torch.device:
+    """`auto`: cuda:LOCAL_RANK where a GPU is present, else CPU."""
+    want = rc.job.topology.device
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        return torch.device(f"cuda:{rc.local_rank}")
+    return torch.device("cpu")
+
+
+class SampleStream:
+    """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
+
+    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str):
+        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000)
+        self.batch_size, self.name = batch_size, name
+        self.dropped = 0
+        for _ in range(prefetch):
+            self.request()
+
+    def request(self) -> None:
+        """Ask for one more batch."""
+        wire.send(self.sock, "sample", self.name, 0, {"n": self.batch_size})
+
+    def next(self, timeout_ms: int) -> dict[str, np.ndarray] | None:
+        """The next batch, or None after `timeout_ms`; immediately re-requests so the pipe stays full."""
+        while self.sock.poll(timeout_ms):
+            try:
+                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except wire.WireError:
+                self.dropped += 1
+                continue
+            if msg.kind != "batch" or any(f not in msg.arrays for f in BATCH_FIELDS):
+                self.dropped += 1
+                continue
+            self.request()
+            return msg.arrays
+        return None
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Send new priorities back (fire and forget; the shard ignores stale keys)."""
+        wire.send(self.sock, "priorities", self.name, 0, None, {"keys": keys, "priority": priorities})
+
+
+def shards_for_rank(rank: int, world: int, shards: int) -> list[int]:
+    """Replay shards a rank samples from: its own (r, r+world, ...), or a shared one when shards < ranks."""
+    mine = list(range(rank, shards, world))
+    return mine or [rank % shards]
+
+
+def run(rc: RoleContext, stop: StopFlag) -> None:
+    """The learner loop."""
+    job, algo = rc.job, rc.job.algorithm
+    device = learner_device(rc)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    torch.manual_seed(job.job.seed)
+    probe = make_vec_env(job.env, num_envs=1)
+    obs_shape, _, n_actions = space_info(probe)
+    probe.close()
+    online = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling).to(device)
+    target = copy.deepcopy(online)
+    model = DDP(online, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(online.parameters(), lr=algo.lr, eps=algo.adam_eps)
+
+    net = wire.SecureContext(rc.keys)
+    control = ControlClient(net, rc)
+    endpoints = rc.endpoints["replay"]
+    stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
+                          algo.batch_size, algo.prefetch, rc.name)
+    pub = net.server(zmq.PUB, rc.binds["weights"], sndhwm=2) if rank == 0 else None
+    version = 0
+
+    def publish() -> None:
+        flat = flat_parameters(online).cpu().numpy()
+        wire.send(pub, "weights", rc.name, version, None, {"params": flat})
+
+    def checkpoint() -> None:
+        payload = {"algorithm": algo.name, "job": resolved_dict(job), "obs_shape": list(obs_shape),
+                   "n_actions": n_actions, "model": online.state_dict(), "target": target.state_dict(),
+                   "optimizer": opt.state_dict(), "updates": updates, "version": version, "time": time.time()}
+        save_checkpoint(rc.checkpoint_dir, payload, saves, job.logging.checkpoint_keep_every)
+
+    updates, saves = 0, 0
+    if pub is not None:
+        publish()
+    print(f"{rc.name}: rank {rank}/{world} on {device}, {sum(p.numel() for p in online.parameters())} parameters",
+          flush=True)
+    next_ckpt = time.monotonic() + job.logging.checkpoint_interval_s
+    loss_sum = q_sum = wait_s = 0.0
+    n_sum, last_updates, last_t = 0, 0, time.monotonic()
+    stop_flag = torch.zeros(1)
+    while True:
+        if world > 1:
+            # Ranks agree to stop at the same update so no rank is left inside a collective.
+            stop_flag.fill_(float(bool(stop)))
+            dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
+            if stop_flag.item():
+                break
+        elif stop:
+            break
+        t0 = time.monotonic()
+        batch = None
+        while batch is None:
+            batch = stream.next(100)
+            if batch is None and control.due():
+                control.heartbeat({"rank": rank, "learner/updates": updates, "learner/waiting": 1})
+            if batch is None and stop and world == 1:
+                break
+        if batch is None:
+            break
+        wait_s += time.monotonic() - t0
+        obs = torch.from_numpy(np.array(batch["obs"])).to(device)
+        next_obs = torch.from_numpy(np.array(batch["next_obs"])).to(device)
+        actions = torch.from_numpy(np.array(batch["action"], dtype=np.int64)).to(device)
+        rewards = torch.from_numpy(np.array(batch["reward"], dtype=np.float32)).to(device)
+        discounts = torch.from_numpy(np.array(batch["discount"], dtype=np.float32)).to(device)
+        weights = torch.from_numpy(np.array(batch["weights"], dtype=np.float32)).to(device)
+        if algo.double:
+            y = double_dqn_targets(online, target, next_obs, rewards, discounts)
+        else:
+            with torch.no_grad():
+                y = rewards + discounts * target(next_obs).max(1).values
+        q = model(obs)
+        loss, td_abs = td_loss(q, actions, y, weights)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(online.parameters(), algo.grad_clip)
+        opt.step()
+        stream.update_priorities(np.array(batch["keys"]), td_abs.cpu().numpy().astype(np.float32))
+        updates += 1
+        loss_sum += float(loss)
+        q_sum += float(q.detach().mean())
+        n_sum += 1
+        if updates % algo.target_update_interval == 0:
+            target.load_state_dict(online.state_dict())
+        if pub is not None and updates % algo.publish_interval == 0:
+            version = updates
+            publish()
+        now = time.monotonic()
+        if rank == 0 and now >= next_ckpt:
+            saves += 1
+            checkpoint()
+            next_ckpt = now + job.logging.checkpoint_interval_s
+        if control.due(now):
+            dt = max(now - last_t, 1e-9)
+            rate = (updates - last_updates) / dt
+            control.heartbeat({
+                "rank": rank, "losses/td_loss": loss_sum / max(n_sum, 1), "learner/q_mean": q_sum / max(n_sum, 1),
+                "learner/updates": updates, "learner/updates_per_s": rate,
+                "learner/samples_per_s": rate * algo.batch_size * world, "learner/version": version,
+                "learner/sample_wait_frac": wait_s / dt, "net/dropped": stream.dropped,
+            })
+            loss_sum = q_sum = wait_s = 0.0
+            n_sum, last_updates, last_t = 0, updates, now
+    if rank == 0:
+        saves += 1
+        checkpoint()
+        if pub is not None:
+            version = max(version, updates)
+            publish()
+    control.send("heartbeat", {"pid": os.getpid(), "rank": rank, "metrics": {
+        "rank": rank, "learner/updates": updates, "learner/version": version,
+        "learner/param_digest": parameter_digest(online), "learner/final": 1}})
+    print(f"{rc.name}: stopped after {updates} updates; parameter digest {parameter_digest(online)[:16]}", flush=True)
+    net.close()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    """Entry point for torchrun: `torchrun ... -m rlctl.roles.learner`."""
+    stop = StopFlag()
+    run(RoleContext.from_env(), stop)
+
+
+if __name__ == "__main__":
+    main()

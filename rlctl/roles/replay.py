@@ -1,0 +1,154 @@
+"""Replay shard role: prioritized replay serving one learner rank.
+
+Experience arrives on a PULL socket from collectors; the learner asks for
+batches and sends priority updates on a ROUTER socket. Started as
+`python -m rlctl.roles.replay`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+
+from rlctl import wire
+from rlctl.buffers import PrioritizedReplay
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+
+MAX_SAMPLE = 1 << 16
+
+
+class ReplayShard:
+    """The shard's state: buffer (allocated from the first batch's layout), pending requests, counters."""
+
+    def __init__(self, rc: RoleContext):
+        self.rc = rc
+        self.replay_spec = rc.job.replay
+        self.buffer: PrioritizedReplay | None = None
+        self.fields: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self.pending: deque[tuple[list, int]] = deque()
+        self.dropped = 0
+        self.sampled = 0  # transitions handed to the learner
+
+    def accepting(self) -> bool:
+        """Rate limit: read experience only while inserts stay within samples / samples_per_insert."""
+        spi = self.replay_spec.samples_per_insert
+        if spi <= 0 or self.buffer is None:
+            return True
+        return self.buffer.inserted <= self.replay_spec.min_size + self.sampled / spi
+
+    def on_experience(self, msg: wire.Message) -> None:
+        """Insert one collector batch (dropped and counted if its layout is wrong)."""
+        arrays = dict(msg.arrays)
+        prio = arrays.pop("priority", None)
+        if not arrays or prio is None:
+            self.dropped += 1
+            return
+        n = len(prio)
+        if any(a.ndim == 0 or len(a) != n for a in arrays.values()) or prio.ndim != 1:
+            self.dropped += 1
+            return
+        layout = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
+        if self.buffer is None:
+            r = self.replay_spec
+            self.fields = layout
+            self.buffer = PrioritizedReplay(r.capacity, layout, alpha=r.alpha, beta=r.beta, beta_steps=r.beta_steps,
+                                            seed=self.rc.seed)
+        elif layout != self.fields:
+            self.dropped += 1
+            return
+        prio = np.abs(np.nan_to_num(prio.astype(np.float64), nan=0.0, posinf=0.0))
+        self.buffer.add(arrays, prio)
+
+    def ready(self) -> bool:
+        """True once the shard holds enough to serve samples."""
+        return self.buffer is not None and self.buffer.size >= max(1, self.replay_spec.min_size)
+
+    def serve(self, sock: zmq.Socket) -> None:
+        """Answer every pending sample request."""
+        while self.pending and self.ready():
+            identity, n = self.pending.popleft()
+            batch, keys, weights = self.buffer.sample(n)
+            self.sampled += n
+            wire.send(sock, "batch", self.rc.name, 0, None, {**batch, "keys": keys, "weights": weights}, prefix=identity)
+
+    def on_request(self, identity: list, msg: wire.Message) -> None:
+        """A learner's sample request or priority update."""
+        if msg.kind == "sample":
+            n = msg.meta.get("n")
+            if not isinstance(n, int) or not 1 <= n <= MAX_SAMPLE:
+                self.dropped += 1
+                return
+            self.pending.append((identity, n))
+        elif msg.kind == "priorities":
+            keys, prio = msg.arrays.get("keys"), msg.arrays.get("priority")
+            if self.buffer is None or keys is None or prio is None or keys.shape != prio.shape or keys.dtype != np.int64:
+                self.dropped += 1
+                return
+            self.buffer.update_priorities(keys, np.abs(np.nan_to_num(prio.astype(np.float64))))
+        else:
+            self.dropped += 1
+
+
+def run(rc: RoleContext, stop: StopFlag) -> None:
+    """The shard loop: insert, serve, update priorities, report."""
+    net = wire.SecureContext(rc.keys)
+    control = ControlClient(net, rc)
+    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=64)
+    smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000)
+    shard = ReplayShard(rc)
+    inserted_last, sampled_last, last_t = 0, 0, time.monotonic()
+    print(f"{rc.name}: capacity {rc.job.replay.capacity}, alpha {rc.job.replay.alpha}, listening", flush=True)
+    poller_all, poller_smp = zmq.Poller(), zmq.Poller()
+    for p in (poller_all, poller_smp):
+        p.register(smp_sock, zmq.POLLIN)
+    poller_all.register(exp_sock, zmq.POLLIN)
+    while not stop:
+        events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
+        if exp_sock in events:
+            for _ in range(64):  # bounded, so sample requests are never starved
+                try:
+                    _, msg = wire.recv(exp_sock, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except wire.WireError:
+                    shard.dropped += 1
+                    continue
+                shard.on_experience(msg)
+                if not shard.accepting():
+                    break
+        if smp_sock in events:
+            while True:
+                try:
+                    identity, msg = wire.recv(smp_sock, zmq.NOBLOCK, routed=True)
+                except zmq.Again:
+                    break
+                except wire.WireError:
+                    shard.dropped += 1
+                    continue
+                shard.on_request(identity, msg)
+        shard.serve(smp_sock)
+        now = time.monotonic()
+        if control.due(now):
+            inserted = shard.buffer.inserted if shard.buffer else 0
+            dt = max(now - last_t, 1e-9)
+            control.heartbeat({
+                "replay/size": shard.buffer.size if shard.buffer else 0, "replay/inserted": inserted,
+                "replay/insert_per_s": (inserted - inserted_last) / dt,
+                "replay/sampled_per_s": (shard.sampled - sampled_last) / dt,
+                "replay/pending_requests": len(shard.pending), "net/dropped": shard.dropped,
+            })
+            inserted_last, sampled_last, last_t = inserted, shard.sampled, now
+    net.close()
+
+
+def main() -> None:
+    """Entry point for `python -m rlctl.roles.replay`."""
+    stop = StopFlag()
+    run(RoleContext.from_env(), stop)
+
+
+if __name__ == "__main__":
+    main()

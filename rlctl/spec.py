@@ -1,0 +1,455 @@
+"""Job-file schema: TOML -> typed, validated `JobSpec`, loaded once.
+
+Every field has a docstring (shown by `rlctl validate --explain` and the README);
+unknown keys are errors with a "did you mean" suggestion, and every error names
+the file, the key path (`replay.alpha`) and the reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+class JobFileError(Exception):
+    """A job file that cannot be used: names the file, the key path and the reason."""
+
+    def __init__(self, path: str | Path, problems: list[tuple[str, str]]):
+        self.path = str(path)
+        self.problems = problems  # (key path, reason)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """Human-readable, one problem per line."""
+        lines = [f"{self.path}: invalid job file"]
+        for key, reason in self.problems:
+            lines.append(f"  {key or '<file>'}: {reason}" if key else f"  {reason}")
+        return "\n".join(lines)
+
+
+class Section(BaseModel):
+    """Base of every job-file section: strict types, no unknown keys, no NaN/inf."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True, frozen=True
+    )
+
+
+PosInt = Annotated[int, Field(ge=1, le=1 << 40)]
+NonNegInt = Annotated[int, Field(ge=0, le=1 << 40)]
+PosFloat = Annotated[float, Field(gt=0, le=1e12)]
+
+
+class StopSpec(Section):
+    """When the run ends by itself (`finished`); the first criterion met wins."""
+
+    env_steps: PosInt | None = None
+    """Stop after this many environment steps over all collectors."""
+    wall_s: PosFloat | None = None
+    """Stop after this many seconds of wall time."""
+    eval_return: float | None = None
+    """Stop when the evaluator's mean greedy return reaches this."""
+    train_return: float | None = None
+    """Stop when the mean return of the last `train_return_window` training episodes reaches this."""
+    train_return_window: PosInt = 20
+    """Number of recent training episodes averaged for `train_return`."""
+
+
+class JobSection(Section):
+    """What the run is called and how it is seeded and stopped."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    """Run-name prefix: letters, digits, `_`, `.`, `-` (run ids are `<name>-<timestamp>`)."""
+    seed: NonNegInt = 0
+    """Base random seed; every process derives its own from it."""
+    stop: StopSpec = StopSpec()
+    """Stop criteria."""
+
+
+class EnvSpec(Section):
+    """The environment every collector and the evaluator step."""
+
+    id: Annotated[str, Field(min_length=1)]
+    """A registered gymnasium id (`CartPole-v1`) or an entry point `module:attr`."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments passed to the environment constructor."""
+    envs_per_collector: Annotated[int, Field(ge=1, le=65536)] = 8
+    """Sub-environments in each collector's vector env."""
+    vectorization: Literal["auto", "vector_entry_point", "sync", "async"] = "auto"
+    """`auto`: the env's native vectorized implementation where it has one, else `sync`."""
+    max_episode_steps: PosInt | None = None
+    """Time limit override (episodes cut here count as truncated, not terminated)."""
+
+
+class ApexSpec(Section):
+    """Ape-X DQN: double + dueling n-step DQN over prioritized replay shards."""
+
+    name: Literal["apex"]
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
+    """Discount factor."""
+    n_step: Annotated[int, Field(ge=1, le=100)] = 3
+    """Steps summed into each transition's return."""
+    lr: Annotated[float, Field(gt=0, le=1)] = 1e-3
+    """Adam learning rate."""
+    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
+    """Adam epsilon."""
+    batch_size: Annotated[int, Field(ge=1, le=1 << 20)] = 128
+    """Transitions per gradient update and learner rank."""
+    target_update_interval: PosInt = 250
+    """Updates between target-network copies."""
+    publish_interval: PosInt = 20
+    """Updates between weight publications to collectors and evaluator."""
+    grad_clip: Annotated[float, Field(gt=0, le=1e9)] = 10.0
+    """Global gradient-norm clip."""
+    epsilon: Annotated[float, Field(ge=0, le=1)] = 0.4
+    """Ape-X epsilon ladder base: eps_i = epsilon ** (1 + epsilon_alpha * i / (N - 1))."""
+    epsilon_alpha: Annotated[float, Field(ge=0, le=100)] = 7.0
+    """Ape-X epsilon ladder exponent."""
+    double: bool = True
+    """Double DQN targets (online net picks, target net evaluates)."""
+    dueling: bool = True
+    """Dueling value/advantage head."""
+    send_batch: Annotated[int, Field(ge=1, le=1 << 20)] = 256
+    """Transitions a collector gathers before sending them to a replay shard."""
+    prefetch: Annotated[int, Field(ge=1, le=64)] = 2
+    """Sample requests each learner rank keeps in flight (pipelined sampling)."""
+
+
+AlgorithmSpec = Annotated[Union[ApexSpec], Field(discriminator="name")]
+ALGORITHMS = ("apex",)
+OFF_POLICY = frozenset({"apex"})
+
+
+class ModelSpec(Section):
+    """The network."""
+
+    encoder: Literal["mlp"] = "mlp"
+    """Observation encoder: `mlp` over flattened observations."""
+    hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(min_length=1, max_length=16)] = [64, 64]
+    """Hidden layer widths."""
+    activation: Literal["relu", "tanh", "elu"] = "relu"
+    """Hidden activation."""
+
+
+class ReplaySpec(Section):
+    """Prioritized replay shards (off-policy algorithms)."""
+
+    capacity: Annotated[int, Field(ge=1, le=1 << 32)] = 100_000
+    """Transitions per shard; the oldest are evicted first."""
+    alpha: Annotated[float, Field(ge=0, le=1)] = 0.6
+    """Priority exponent (0 = uniform)."""
+    beta: Annotated[float, Field(ge=0, le=1)] = 0.4
+    """Initial importance-sampling exponent, annealed to 1."""
+    beta_steps: PosInt = 20_000
+    """Sample calls over which beta reaches 1."""
+    min_size: NonNegInt = 2000
+    """Transitions a shard holds before it serves samples (DQN's learning_starts)."""
+    samples_per_insert: Annotated[float, Field(ge=0, le=1e6)] = 0.0
+    """Rate limit (Reverb's sample-to-insert ratio): a shard reads new experience only while
+    inserted <= min_size + sampled / samples_per_insert, so collectors wait for the learner; 0 = off."""
+
+
+class TopologySpec(Section):
+    """How many of each process run (used when no `[[hosts]]` are listed)."""
+
+    learner_procs: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Learner processes (torchrun `--nproc-per-node`) on each learner host."""
+    collectors: Annotated[int, Field(ge=0, le=100_000)] = 2
+    """Collector processes."""
+    replay_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Replay shards; default one per learner rank."""
+    evaluator: bool = True
+    """Run an evaluator process."""
+    inference: Literal["local"] = "local"
+    """`local`: collectors run the policy themselves."""
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    """Restarts allowed per collector/evaluator before the run fails."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
+
+
+class EvaluatorSpec(Section):
+    """Greedy evaluation on the newest weights."""
+
+    interval_s: Annotated[float, Field(ge=0, le=1e6)] = 2.0
+    """Seconds between evaluation rounds (a round starts as soon as new weights exist)."""
+    episodes: Annotated[int, Field(ge=1, le=100_000)] = 10
+    """Episodes per round; their mean is `eval/return_mean`."""
+
+
+class LoggingSpec(Section):
+    """Heartbeats, metrics and checkpoints."""
+
+    metrics_interval_s: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    """Seconds between each process's heartbeat/metrics messages."""
+    checkpoint_interval_s: Annotated[float, Field(gt=0, le=1e7)] = 60.0
+    """Seconds between learner checkpoints (one is always written at stop)."""
+    checkpoint_keep_every: NonNegInt = 10
+    """Besides the newest, keep every Kth checkpoint (0 = newest only)."""
+
+
+class NetworkSpec(Section):
+    """Ports of the data plane."""
+
+    base_port: Annotated[int, Field(ge=0, le=65000)] = 0
+    """First port of the job's contiguous range; 0 = the first free range from a per-job default."""
+
+
+class HostSpec(Section):
+    """One machine of the job and what runs there."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+    """Short name shown in status and logs."""
+    address: str | None = None
+    """SSH destination (anything `ssh` accepts, `~/.ssh/config` aliases too); default `name`."""
+    user: str | None = None
+    """SSH user."""
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    """SSH port."""
+    identity_file: str | None = None
+    """SSH identity file."""
+    python: str = "python3"
+    """Python interpreter (or venv's) on that host."""
+    workdir: str | None = None
+    """Working directory there."""
+    env: dict[str, str] = {}
+    """Extra environment variables there."""
+    advertise_address: str | None = None
+    """Address the other hosts reach this one at; default the destination."""
+    learner: bool = False
+    """Run a learner node (`topology.learner_procs` processes) here."""
+    collectors: Annotated[int, Field(ge=0, le=100_000)] = 0
+    """Collector processes here."""
+    replay_shards: Annotated[int, Field(ge=0, le=100_000)] = 0
+    """Replay shards here."""
+    evaluator: bool = False
+    """Run the evaluator here."""
+
+    @property
+    def destination(self) -> str:
+        """The SSH destination."""
+        return self.address or self.name
+
+    @property
+    def is_local(self) -> bool:
+        """True when this host is the launching machine."""
+        return self.destination in LOCAL_ADDRESSES
+
+
+class JobSpec(Section):
+    """A whole job file."""
+
+    job: JobSection
+    env: EnvSpec
+    algorithm: AlgorithmSpec
+    model: ModelSpec = ModelSpec()
+    replay: ReplaySpec = ReplaySpec()
+    topology: TopologySpec = TopologySpec()
+    evaluator: EvaluatorSpec = EvaluatorSpec()
+    logging: LoggingSpec = LoggingSpec()
+    network: NetworkSpec = NetworkSpec()
+    hosts: list[HostSpec] = []
+
+    @model_validator(mode="after")
+    def _check_hosts(self) -> "JobSpec":
+        if not self.hosts:
+            return self
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"host names must be unique; repeated: {', '.join(dupes)}")
+        explicit = self.topology.model_fields_set & {"collectors", "replay_shards", "evaluator"}
+        if explicit:
+            keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
+            raise ValueError(f"{keys}: with [[hosts]] listed, set these counts per host instead")
+        if sum(h.learner for h in self.hosts) != 1:
+            raise ValueError("exactly one host must have learner = true (multi-node learners arrive with SSH hosts)")
+        if sum(h.evaluator for h in self.hosts) > 1:
+            raise ValueError("at most one host may have evaluator = true")
+        if self.algorithm.name in OFF_POLICY and sum(h.replay_shards for h in self.hosts) == 0:
+            raise ValueError(f"algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
+        return self
+
+    @property
+    def learner_ranks(self) -> int:
+        """Total learner processes (DDP world size)."""
+        nodes = sum(h.learner for h in self.hosts) if self.hosts else 1
+        return nodes * self.topology.learner_procs
+
+    @property
+    def replay_shard_count(self) -> int:
+        """Total replay shards (0 for on-policy algorithms)."""
+        if self.algorithm.name not in OFF_POLICY:
+            return 0
+        if self.hosts:
+            return sum(h.replay_shards for h in self.hosts)
+        return self.topology.replay_shards or self.learner_ranks
+
+    @property
+    def collector_count(self) -> int:
+        """Total collector processes."""
+        return sum(h.collectors for h in self.hosts) if self.hosts else self.topology.collectors
+
+
+def _key_path(loc: tuple) -> str:
+    parts: list[str] = []
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif i == 1 and loc[0] == "algorithm" and item in ALGORITHMS:
+            continue  # the discriminator tag pydantic inserts, not a key the user wrote
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The section model a (parent) location points into, for "did you mean" hints."""
+    model: Any = JobSpec
+    for item in loc:
+        if isinstance(item, int):
+            continue
+        if model is JobSpec and item == "algorithm":
+            model = ApexSpec
+            continue
+        if model is ApexSpec and item in ALGORITHMS:
+            continue
+        field = getattr(model, "model_fields", {}).get(item)
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        elif inner:
+            model = inner[0]
+        else:
+            return None
+    return model
+
+
+def _reason(err: dict) -> str:
+    loc, kind = err["loc"], err["type"]
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        known = list(model.model_fields) if model else []
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        suffix = f" (did you mean '{hint[0]}'?)" if hint else (f" (known keys: {', '.join(known)})" if known else "")
+        return f"unknown key '{loc[-1]}'{suffix}"
+    if kind == "union_tag_invalid":
+        return f"unknown algorithm {err.get('ctx', {}).get('tag')!r}; available: {', '.join(ALGORITHMS)}"
+    if kind == "union_tag_not_found":
+        return f"missing key 'name' (one of: {', '.join(ALGORITHMS)})"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    msg = re.sub(r"^Value error, ", "", msg)
+    value = err.get("input")
+    if kind not in ("model_type", "dict_type") and not isinstance(value, (dict, list)):
+        msg += f" (got {value!r})"
+    return msg
+
+
+def validate_job(data: dict, path: str | Path = "<job>") -> JobSpec:
+    """Validate parsed TOML into a JobSpec, raising JobFileError with key paths."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = [(_key_path(e["loc"]), _reason(e)) for e in exc.errors()]
+        raise JobFileError(path, problems) from None
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate one job file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobFileError(p, [("", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobFileError(p, [("", f"cannot read: {exc}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JobFileError(p, [("", f"not valid TOML: {exc}")]) from None
+    return validate_job(data, p)
+
+
+def resolved_dict(spec: JobSpec) -> dict:
+    """The job with every default filled in, as plain TOML-able data (None values dropped)."""
+    data = _drop_none(spec.model_dump(mode="json"))
+    if not data["hosts"]:
+        del data["hosts"]
+    return data
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def dumps_toml(data: dict) -> str:
+    """Serialize nested plain data (as made by resolved_dict) to TOML."""
+    lines: list[str] = []
+    _emit_table(data, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def _emit_table(data: dict, prefix: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in data.items() if not _is_table(v) and not _is_table_array(v)}
+    if prefix and (scalars or not data):
+        lines.append("")
+        lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
+    for k, v in scalars.items():
+        lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
+    for k, v in data.items():
+        if _is_table(v):
+            _emit_table(v, prefix + [k], lines)
+        elif _is_table_array(v):
+            for item in v:
+                lines.append("")
+                lines.append("[[" + ".".join(_toml_key(p) for p in prefix + [k]) + "]]")
+                for ik, iv in item.items():
+                    lines.append(f"{_toml_key(ik)} = {_toml_value(iv)}")
+
+
+def _is_table(v: Any) -> bool:
+    # Empty maps stay inline (`kwargs = {}`); every other map is a [section], which TOML reads back identically.
+    return isinstance(v, dict) and bool(v)
+
+
+def _is_table_array(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)

@@ -1,0 +1,376 @@
+"""The supervisor: starts every process of a LaunchPlan, watches, restarts and stops them.
+
+It is the only writer of the run directory: logs (one pump thread per process
+timestamps each line), state.json (atomically, twice a second), TensorBoard
+event files. Metrics and heartbeats arrive on the control ROUTER. Signals turn
+into flags checked by the loop; shutdown always runs in `finally`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from rlctl import wire
+from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
+from rlctl.plan import LaunchPlan, ProcessSpec, make_plan
+from rlctl.rundir import RunDir
+from rlctl.spec import JobSpec, load_job, resolved_dict
+
+STATE_INTERVAL_S = 0.5
+STOP_GRACE_S = 20.0
+LOG_TAIL_LINES = 20
+RATE_KEYS = {  # the one figure shown per process in the live table
+    "collector": ("charts/env_steps_per_s", "env steps/s"),
+    "learner": ("learner/updates_per_s", "updates/s"),
+    "replay": ("replay/insert_per_s", "inserts/s"),
+    "evaluator": ("eval/return_mean", "eval return"),
+}
+
+
+class ProcState(str, enum.Enum):
+    """Health of one process, as `rlctl status` shows it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    EXITED = "exited"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class LogPump(threading.Thread):
+    """Copies a child's output into logs/<name>.log, one timestamped line at a time."""
+
+    def __init__(self, stream, path: Path):
+        super().__init__(daemon=True)
+        self.stream, self.path = stream, path
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+
+    def run(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as out:
+            for raw in iter(self.stream.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self.tail.append(line)
+                now = time.time()
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+                out.write(f"{stamp} {line}\n")
+                out.flush()
+
+
+@dataclass
+class ProcessHandle:
+    """A running (or ended) process of the plan: the object to ProcessSpec's class."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen | None = None
+    pump: LogPump | None = None
+    state: ProcState = ProcState.STARTING
+    restarts: int = 0
+    exit_code: int | None = None
+    last_heartbeat: float | None = None
+    metrics: dict = field(default_factory=dict)
+
+    def start(self, env: dict[str, str], logs_dir: Path) -> None:
+        """Spawn in a new process group, output piped to a LogPump."""
+        self.popen = subprocess.Popen(
+            self.spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
+        self.pump.start()
+        self.state, self.exit_code, self.last_heartbeat = ProcState.STARTING, None, None
+
+    @property
+    def pid(self) -> int | None:
+        """OS pid (also the process group id)."""
+        return self.popen.pid if self.popen else None
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the whole process group (torchrun's workers included)."""
+        if self.popen is not None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def group_alive(self) -> bool:
+        """True while any process of the group exists."""
+        if self.popen is None:
+            return False
+        try:
+            os.killpg(self.popen.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        self.popen.poll()  # reap the leader so a dead group is not kept alive by a zombie
+        return True
+
+    def row(self) -> dict:
+        """This process's entry in state.json."""
+        key, unit = RATE_KEYS.get(self.spec.role, ("", ""))
+        return {
+            "name": self.spec.name, "role": self.spec.role, "rank": self.spec.rank, "host": self.spec.host,
+            "pid": self.pid, "pgid": self.pid, "state": self.state.value, "restarts": self.restarts,
+            "exit_code": self.exit_code, "rate": self.metrics.get(key), "rate_unit": unit,
+            "last_heartbeat": self.last_heartbeat,
+        }
+
+
+class StopCriteria:
+    """The job's stop rules over the run-level metrics; returns the reason once one is met."""
+
+    def __init__(self, spec: JobSpec, started: float):
+        self.stop, self.started = spec.job.stop, started
+
+    def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
+        """A human-readable reason, or None."""
+        s = self.stop
+        if s.eval_return is not None and m.get("eval/return_mean", float("-inf")) >= s.eval_return:
+            return f"eval/return_mean {m['eval/return_mean']:.1f} >= {s.eval_return:g}"
+        if (s.train_return is not None and episodes_seen >= s.train_return_window
+                and m.get("charts/episode_return_mean", float("-inf")) >= s.train_return):
+            return f"charts/episode_return_mean {m['charts/episode_return_mean']:.1f} >= {s.train_return:g}"
+        if s.env_steps is not None and m.get("charts/env_steps", 0) >= s.env_steps:
+            return f"charts/env_steps {m['charts/env_steps']} >= {s.env_steps}"
+        if s.wall_s is not None and now - self.started >= s.wall_s:
+            return f"wall time {now - self.started:.0f}s >= {s.wall_s:g}s"
+        return None
+
+
+class Supervisor:
+    """Runs one plan to its end: finished, stopped or failed."""
+
+    def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, keys: wire.CurveKeys,
+                 display=None):
+        self.spec, self.plan, self.rundir, self.keys = spec, plan, rundir, keys
+        self.display = display  # callable(state) for the live table / progress line, or None
+        self.handles = [ProcessHandle(p) for p in plan.processes]
+        self.by_name = {h.spec.name: h for h in self.handles}
+        self.hub = MetricsHub(spec.job.stop.train_return_window)
+        self.status = "created"
+        self.exit_reason: str | None = None
+        self.failure: dict | None = None
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.stop_signals = 0
+        self.ranks: dict[int, dict] = {}
+
+    # -- signals -------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signals += 1
+        if self.exit_reason is None:
+            self.exit_reason = f"stopped by {signal.Signals(signum).name}"
+
+    # -- state ---------------------------------------------------------------
+    def state(self) -> dict:
+        """The state.json document."""
+        metrics = self.hub.snapshot()
+        return {
+            "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
+            "status": self.status, "supervisor_pid": os.getpid(), "started_at": self.started_at,
+            "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
+            "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts],
+            "processes": [h.row() for h in self.handles], "metrics": metrics,
+            "learner_ranks": {str(r): v for r, v in sorted(self.ranks.items())},
+        }
+
+    def _publish(self) -> dict:
+        state = self.state()
+        self.rundir.write_state(state)
+        if self.display is not None:
+            self.display(state)
+        return state
+
+    # -- main ----------------------------------------------------------------
+    def run(self) -> int:
+        """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        net = wire.SecureContext(self.keys)
+        tb = TensorBoardWriter(str(self.rundir.tb_dir))
+        tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
+        try:
+            control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
+            self.status = "starting"
+            self._publish()
+            for h in self.handles:
+                h.start(self._child_env(h), self.rundir.logs_dir)
+            self.status = "running"
+            self._loop(control, tb)
+        finally:
+            self._shutdown()
+            self.ended_at = time.time()
+            if self.status not in ("failed", "finished"):
+                self.status = "stopped"
+            self._write_tb(tb)
+            tb.close()
+            self._publish()
+            net.close()
+            for s, h in old.items():
+                signal.signal(s, h)
+        return 1 if self.status == "failed" else 0
+
+    def _loop(self, control: zmq.Socket, tb: TensorBoardWriter) -> None:
+        criteria = StopCriteria(self.spec, self.started_at)
+        next_state = next_tb = 0.0
+        tb_interval = self.spec.logging.metrics_interval_s
+        dropped = 0
+        while True:
+            if self.stop_signals:
+                return
+            if control.poll(100):
+                while True:
+                    try:
+                        prefix, msg = wire.recv(control, zmq.NOBLOCK, routed=True)
+                    except zmq.Again:
+                        break
+                    except wire.WireError:
+                        dropped += 1
+                        continue
+                    self._on_message(msg)
+            if self._check_children():
+                return
+            now = time.time()
+            if now >= next_tb:
+                next_tb = now + tb_interval
+                self._write_tb(tb)
+            if now >= next_state:
+                next_state = now + STATE_INTERVAL_S
+                state = self._publish()
+                reason = criteria.reached(state["metrics"], self.hub.episodes, now)
+                if reason:
+                    self.status, self.exit_reason = "finished", reason
+                    return
+
+    def _child_env(self, h: ProcessHandle) -> dict[str, str]:
+        # The keys go into the environment only, never onto a command line.
+        return {**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}
+
+    def _on_message(self, msg: wire.Message) -> None:
+        handle = self.by_name.get(msg.sender)
+        if msg.sender.startswith("learner-"):
+            # Learner senders are named by torchrun rank; every rank belongs to the (single) learner node's row.
+            handle = next(iter(self.handles_by_role("learner")), None)
+        if handle is None:
+            return
+        now = time.time()
+        handle.last_heartbeat = now
+        if handle.state == ProcState.STARTING:
+            handle.state = ProcState.RUNNING
+        metrics = msg.meta.get("metrics")
+        if msg.kind == "heartbeat" and isinstance(metrics, dict):
+            if handle.spec.role == "learner":
+                rank = int(msg.meta.get("rank", 0))
+                self.ranks[rank] = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+                metrics = {**metrics, "rank": rank}
+                if rank != 0:
+                    self.hub.on_heartbeat(f"learner-rank{rank}", "learner", metrics)
+                    return
+            self.hub.on_heartbeat(handle.spec.name, handle.spec.role, metrics)
+            handle.metrics = self.hub.latest.get(handle.spec.name, {})
+
+    def handles_by_role(self, role: str) -> list[ProcessHandle]:
+        """Every handle of a role."""
+        return [h for h in self.handles if h.spec.role == role]
+
+    def _check_children(self) -> bool:
+        """Reap exited children; restart or fail. True when the run must end."""
+        for h in self.handles:
+            if h.popen is None or h.state in (ProcState.FAILED, ProcState.EXITED, ProcState.STOPPED):
+                continue
+            code = h.popen.poll()
+            if code is None:
+                continue
+            h.exit_code = code
+            if h.pump:
+                h.pump.join(timeout=2)
+            if not h.spec.critical and h.restarts < self.spec.topology.max_restarts:
+                h.restarts += 1
+                h.state = ProcState.RESTARTING
+                self.hub.on_restart(h.spec.name)
+                h.start(self._child_env(h), self.rundir.logs_dir)
+                continue
+            h.state = ProcState.FAILED
+            why = "may not be restarted" if h.spec.critical else f"exceeded {self.spec.topology.max_restarts} restarts"
+            self.status = "failed"
+            self.exit_reason = f"{h.spec.name} exited with code {code} ({why})"
+            self.failure = {"process": h.spec.name, "exit_code": code,
+                            "log_tail": list(h.pump.tail) if h.pump else []}
+            return True
+        return False
+
+    def _write_tb(self, tb: TensorBoardWriter) -> None:
+        snap = self.hub.snapshot()
+        step = int(snap.get("charts/env_steps", 0))
+        episodes = self.hub.drain_episodes()
+        values = {k: v for k, v in snap.items() if isinstance(v, (int, float))}
+        if episodes:
+            values["charts/episode_return"] = episodes[-1]
+        tb.scalars(values, step)
+        tb.flush()
+
+    # -- shutdown ------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Learners first (they checkpoint and need their replay shards), then the rest; SIGKILL after the grace."""
+        learners = [h for h in self.handles if h.spec.role == "learner"]
+        others = [h for h in self.handles if h.spec.role != "learner"]
+        self._signals_at_shutdown = self.stop_signals
+        for group in (learners, others):
+            for h in group:
+                h.signal_group(signal.SIGTERM)
+            self._wait_gone(group, STOP_GRACE_S)
+        for h in self.handles:
+            if h.popen is not None:
+                try:
+                    h.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    h.signal_group(signal.SIGKILL)
+                    h.popen.wait()
+                if h.exit_code is None:
+                    h.exit_code = h.popen.returncode
+                if h.state not in (ProcState.FAILED,):
+                    h.state = ProcState.STOPPED
+            if h.pump:
+                h.pump.join(timeout=2)
+
+    def _wait_gone(self, group: list[ProcessHandle], grace: float) -> None:
+        deadline = time.time() + grace
+        while any(h.group_alive() for h in group):
+            # Another Ctrl-C during shutdown (or the grace running out) forces.
+            if time.time() > deadline or self.stop_signals > self._signals_at_shutdown:
+                for h in group:
+                    h.signal_group(signal.SIGKILL)
+            time.sleep(0.05)
+
+
+def supervise_rundir(path: str, display=None) -> int:
+    """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`."""
+    rundir = RunDir(Path(path))
+    spec = load_job(rundir.job_toml)
+    saved = rundir.read_plan() or {}
+    plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable)
+    return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display).run()
+
+
+if __name__ == "__main__":
+    from rlctl.console import progress_line
+
+    _last = [0.0]
+
+    def _show(state: dict) -> None:
+        if time.time() - _last[0] >= 5:
+            _last[0] = time.time()
+            print(progress_line(state), flush=True)
+
+    sys.exit(supervise_rundir(sys.argv[1], display=_show))

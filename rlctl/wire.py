@@ -1,0 +1,221 @@
+"""Data-plane messages, sockets and keys.
+
+A message is multipart: frame 0 a small msgpack header (kind, sender, policy
+version, metadata and, for each array, its name, dtype and shape); the next
+frames the raw array buffers, sent and received without copies. Nothing
+received is unpickled: a frame that does not decode to exactly what its header
+promises raises `WireError`, and callers drop and count it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_ARRAYS = 64
+# Only plain numeric dtypes cross the wire: nothing that could carry objects.
+ALLOWED_DTYPES = frozenset(
+    {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"}
+)
+KEYS_ENV = "RLCTL_CURVE_KEYS"
+
+
+class WireError(ValueError):
+    """A received message that does not match the protocol."""
+
+
+@dataclass
+class Message:
+    """One decoded message: kind, sender, version, metadata and zero-copy arrays."""
+
+    kind: str
+    sender: str = ""
+    version: int = 0
+    meta: dict = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def encode(kind: str, sender: str = "", version: int = 0, meta: dict | None = None,
+           arrays: dict[str, np.ndarray] | None = None) -> list:
+    """Frames for one message; array frames are the arrays' own buffers (no copy when contiguous)."""
+    specs, buffers = [], []
+    for name, arr in (arrays or {}).items():
+        arr = np.ascontiguousarray(arr)
+        specs.append((name, arr.dtype.name, list(arr.shape)))
+        buffers.append(memoryview(arr).cast("B") if arr.size else b"")
+    header = msgpack.packb({"k": kind, "s": sender, "v": int(version), "m": meta or {}, "a": specs})
+    return [header, *buffers]
+
+
+def decode(frames: list) -> Message:
+    """Parse and validate frames (bytes or zmq.Frame); arrays are read-only views of the frames."""
+    if not frames:
+        raise WireError("empty message")
+    head = _buffer(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise WireError("header too large")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError(f"undecodable header: {type(exc).__name__}") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a map")
+    kind, sender, version, meta, specs = (header.get(k) for k in ("k", "s", "v", "m", "a"))
+    if not isinstance(kind, str) or not isinstance(sender, str) or not isinstance(version, int):
+        raise WireError("bad kind/sender/version")
+    if not isinstance(meta, dict) or not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
+        raise WireError("bad meta/array list")
+    if len(specs) != len(frames) - 1:
+        raise WireError(f"header names {len(specs)} arrays, message has {len(frames) - 1}")
+    arrays = {}
+    for spec, frame in zip(specs, frames[1:]):
+        arrays.update([_array(spec, frame)])
+    return Message(kind, sender, version, meta, arrays)
+
+
+def _array(spec: Any, frame: Any) -> tuple[str, np.ndarray]:
+    if not (isinstance(spec, list) and len(spec) == 3):
+        raise WireError("bad array spec")
+    name, dtype, shape = spec
+    if not isinstance(name, str) or dtype not in ALLOWED_DTYPES:
+        raise WireError(f"bad array name/dtype {dtype!r}")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
+        raise WireError("bad array shape")
+    buf = _buffer(frame)
+    dt = np.dtype(dtype)
+    if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != len(buf):
+        raise WireError(f"array {name!r}: {len(buf)} bytes do not match {dtype}{shape}")
+    return name, np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+def _buffer(frame: Any) -> memoryview:
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return memoryview(frame)
+
+
+def send(sock: zmq.Socket, kind: str, sender: str = "", version: int = 0, meta: dict | None = None,
+         arrays: dict[str, np.ndarray] | None = None, flags: int = 0, prefix: list | None = None) -> None:
+    """Send one message; `prefix` holds routing frames (ROUTER identities)."""
+    frames = encode(kind, sender, version, meta, arrays)
+    sock.send_multipart([*(prefix or []), *frames], flags=flags, copy=len(frames) == 1)
+
+
+def recv(sock: zmq.Socket, flags: int = 0, routed: bool = False) -> tuple[list, Message]:
+    """Receive one message without copying; returns (routing frames, message). Raises WireError."""
+    frames = sock.recv_multipart(flags=flags, copy=False)
+    prefix = []
+    if routed:
+        prefix, frames = frames[:1], frames[1:]
+    return prefix, decode(frames)
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """The job's CURVE key pairs: one for every binding (server) socket, one for every client."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+
+    @classmethod
+    def generate(cls) -> "CurveKeys":
+        """Fresh key pairs for one job."""
+        sp, ss = zmq.curve_keypair()
+        cp, cs = zmq.curve_keypair()
+        return cls(sp, ss, cp, cs)
+
+    def to_env(self) -> str:
+        """One string for the child's environment (never its command line)."""
+        return ":".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public, self.client_secret))
+
+    @classmethod
+    def from_env(cls, value: str | None = None) -> "CurveKeys":
+        """Keys from $RLCTL_CURVE_KEYS."""
+        value = value if value is not None else os.environ.get(KEYS_ENV, "")
+        parts = value.split(":")
+        if len(parts) != 4 or not all(len(p) == 40 for p in parts):
+            raise RuntimeError(f"${KEYS_ENV} is missing or malformed: this process must be started by `rlctl run`")
+        return cls(*(p.encode() for p in parts))
+
+
+class AuthCounter:
+    """ZAP credentials check that admits only the job's client key and counts refusals."""
+
+    def __init__(self, allowed: bytes):
+        self.allowed = allowed
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Called by the authenticator thread for each CURVE handshake."""
+        ok = key == self.allowed  # pyzmq passes the z85 form
+        if not ok:
+            with self._lock:
+                self.refused += 1
+        return ok
+
+
+class SecureContext:
+    """A zmq.Context whose sockets all use the job's CURVE keys; servers check clients through ZAP."""
+
+    def __init__(self, keys: CurveKeys):
+        self.keys = keys
+        self.ctx = zmq.Context()
+        self.auth_counter = AuthCounter(keys.client_public)
+        self._auth: ThreadAuthenticator | None = None
+
+    def _ensure_auth(self) -> None:
+        if self._auth is None:
+            self._auth = ThreadAuthenticator(self.ctx)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", credentials_provider=self.auth_counter)
+
+    def server(self, kind: int, endpoint: str, **opts: int) -> zmq.Socket:
+        """A socket bound at `endpoint` that only job members can talk to."""
+        self._ensure_auth()
+        sock = self.ctx.socket(kind)
+        sock.curve_server = True
+        sock.curve_secretkey = self.keys.server_secret
+        sock.curve_publickey = self.keys.server_public
+        _apply(sock, opts)
+        sock.bind(endpoint)
+        return sock
+
+    def client(self, kind: int, endpoints: str | list[str], **opts: int) -> zmq.Socket:
+        """A socket connected to one or more job servers."""
+        sock = self.ctx.socket(kind)
+        sock.curve_serverkey = self.keys.server_public
+        sock.curve_secretkey = self.keys.client_secret
+        sock.curve_publickey = self.keys.client_public
+        _apply(sock, opts)
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            sock.connect(ep)
+        return sock
+
+    @property
+    def refused(self) -> int:
+        """Handshakes refused for a wrong key."""
+        return self.auth_counter.refused
+
+    def close(self) -> None:
+        """Stop the authenticator and close every socket, each with its own linger (control flushes its last heartbeat)."""
+        if self._auth is not None:
+            self._auth.stop()
+        self.ctx.destroy()
+
+
+def _apply(sock: zmq.Socket, opts: dict[str, int]) -> None:
+    sock.setsockopt(zmq.LINGER, opts.pop("linger", 0))
+    for name, value in opts.items():
+        sock.setsockopt(getattr(zmq, name.upper()), value)

@@ -1,0 +1,306 @@
+"""Tests for rlctl.rundir (run directories, state, logs) and rlctl.console (formatting)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlctl import console, rundir
+from rlctl.rundir import RunDir, RunNotFound
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_764_453_671.0  # a fixed epoch time for reproducible log timestamps
+
+
+def stamp(ts: float) -> str:
+    """Timestamp prefix as the supervisor writes it (local ISO-8601 with milliseconds)."""
+    return datetime.fromtimestamp(ts).isoformat(timespec="milliseconds")
+
+
+def write_log(run: RunDir, name: str, lines: list[tuple[float, str]], mode: str = "w") -> Path:
+    path = run.logs_dir / f"{name}.log"
+    with open(path, mode, encoding="utf-8") as f:
+        for ts, text in lines:
+            f.write(f"{stamp(ts)} {text}\n")
+    return path
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # reaped: the pid no longer exists
+    return proc.pid
+
+
+def make_run(root: Path, job: str = "apex-cartpole", **state) -> RunDir:
+    run = RunDir.create(root, job)
+    base = {"run_id": run.run_id, "job": job, "algorithm": "apex", "status": "running",
+            "supervisor_pid": os.getpid(), "started_at": time.time()}
+    run.write_state({**base, **state})
+    return run
+
+
+def wait_until(pred, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+# ---------------------------------------------------------------- rundir
+
+
+def test_runs_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("RLCTL_RUNS_DIR", raising=False)
+    assert rundir.runs_root() == Path("runs")
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "env"))
+    assert rundir.runs_root() == tmp_path / "env"
+    assert rundir.runs_root(tmp_path / "arg") == tmp_path / "arg"
+
+
+def test_new_run_id_format():
+    run_id = rundir.new_run_id("apex cartpole/v1", now=T0)
+    assert run_id == "apex-cartpole-v1-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(T0))
+
+
+def test_create_gives_unique_ids_in_same_second(tmp_path):
+    runs = [RunDir.create(tmp_path, "job", now=T0) for _ in range(3)]
+    ids = [r.run_id for r in runs]
+    assert len(set(ids)) == 3
+    assert ids[1] == ids[0] + "-2" and ids[2] == ids[0] + "-3"
+    for r in runs:
+        assert r.logs_dir.is_dir() and r.tb_dir.is_dir() and r.checkpoints_dir.is_dir()
+
+
+def test_state_round_trip_is_atomic(tmp_path):
+    run = RunDir.create(tmp_path, "job")
+    assert run.read_state() is None
+    state = {"status": "running", "metrics": {"charts/env_steps": 5}, "ended_at": None}
+    run.write_state(state)
+    assert run.read_state() == state
+    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "logs", "state.json", "tb"]
+    assert run.state_json.read_text().startswith("{\n \"status\"")  # indent=1
+
+
+def test_corrupt_state_reads_as_none(tmp_path):
+    run = RunDir.create(tmp_path, "job")
+    run.state_json.write_text('{"status": "runn')
+    assert run.read_state() is None
+    assert run.effective_status() == "unknown"
+    run.state_json.write_text("[1, 2]")
+    assert run.read_state() is None
+
+
+def test_effective_status_detects_lost(tmp_path):
+    run = RunDir.create(tmp_path, "job")
+    run.write_state({"status": "running", "supervisor_pid": os.getpid()})
+    assert run.effective_status() == "running"
+    run.write_state({"status": "running", "supervisor_pid": dead_pid()})
+    assert run.effective_status() == "lost"
+    run.write_state({"status": "finished", "supervisor_pid": dead_pid()})
+    assert run.effective_status() == "finished"
+    assert rundir.pid_alive(os.getpid()) and not rundir.pid_alive(None)
+
+
+def test_resolve_run_newest_prefix_and_not_found(tmp_path):
+    old = make_run(tmp_path, "alpha", started_at=T0)
+    new = make_run(tmp_path, "beta", started_at=T0 + 10)
+    RunDir.create(tmp_path, "no-state")  # no state.json / plan.json: not a run
+    assert [r.run_id for r in rundir.list_runs(tmp_path)] == [old.run_id, new.run_id]
+    assert rundir.resolve_run(tmp_path, None) == new
+    assert rundir.resolve_run(tmp_path, old.run_id) == old
+    assert rundir.resolve_run(tmp_path, "alp") == old
+    with pytest.raises(RunNotFound) as err:
+        rundir.resolve_run(tmp_path, "gamma")
+    assert "gamma" in str(err.value) and new.run_id in str(err.value)
+    make_run(tmp_path, "alpha", started_at=T0 + 20)
+    with pytest.raises(RunNotFound, match="matches 2 runs"):
+        rundir.resolve_run(tmp_path, "alpha")
+    with pytest.raises(RunNotFound, match="no runs"):
+        rundir.resolve_run(tmp_path / "empty", None)
+
+
+def test_parse_log_line():
+    ts, text = rundir.parse_log_line(f"{stamp(T0 + 0.123)} hello world\n")
+    assert ts == pytest.approx(T0 + 0.123) and text == "hello world"
+    assert rundir.parse_log_line("2026-11-29 not a stamp") == (None, "2026-11-29 not a stamp")
+    assert rundir.parse_log_line("no stamp") == (None, "no stamp")
+
+
+def test_log_files_filters(tmp_path):
+    run = RunDir.create(tmp_path, "job")
+    for name in ("learner-0", "collector-1", "collector-0", "replay-buffer-0"):
+        write_log(run, name, [])
+    assert [p.stem for p in run.log_files()] == ["collector-0", "collector-1", "learner-0", "replay-buffer-0"]
+    assert [p.stem for p in run.log_files(role="collector")] == ["collector-0", "collector-1"]
+    assert [p.stem for p in run.log_files(role="collector", rank=1)] == ["collector-1"]
+    assert [p.stem for p in run.log_files(role="replay-buffer")] == ["replay-buffer-0"]
+
+
+def test_merged_log_lines_orders_across_files_and_tails(tmp_path):
+    run = RunDir.create(tmp_path, "job")
+    write_log(run, "collector-0", [(T0 + 1, "c1"), (T0 + 3, "c3"), (T0 + 5, "c5")])
+    path = write_log(run, "learner-0", [(T0 + 2, "l2"), (T0 + 4, "l4")])
+    with open(path, "a") as f:
+        f.write("continuation without stamp\n")
+    merged = rundir.merged_log_lines(run)
+    assert [text for _, _, text in merged] == ["c1", "l2", "c3", "l4", "continuation without stamp", "c5"]
+    assert merged[4][0] == pytest.approx(T0 + 4)  # took the previous line's timestamp
+    assert merged[1][1] == "learner-0"
+    assert [t for _, _, t in rundir.merged_log_lines(run, tail=2)] == ["continuation without stamp", "c5"]
+    assert [t for _, _, t in rundir.merged_log_lines(run, role="learner")] == ["l2", "l4", "continuation without stamp"]
+    assert rundir.merged_log_lines(run, tail=0) == []
+
+
+def _follow_in_thread(run: RunDir, **kwargs):
+    got: list = []
+
+    def consume():
+        for entry in rundir.follow_logs(run, poll_s=0.02, **kwargs):
+            got.append(entry)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    return got, thread
+
+
+def test_follow_logs_new_file_partial_writes_and_termination(tmp_path):
+    run = make_run(tmp_path)
+    write_log(run, "collector-0", [(T0, "old line")])
+    got, thread = _follow_in_thread(run)
+    assert wait_until(lambda: len(got) == 1)
+    learner = run.logs_dir / "learner-0.log"
+    with open(learner, "w") as f:  # a process that started later
+        f.write(f"{stamp(T0 + 1)} hel")
+        f.flush()
+        time.sleep(0.1)  # several poll rounds see only the unfinished line
+        assert len(got) == 1
+        f.write("lo\n")
+    assert wait_until(lambda: len(got) == 2)
+    assert got[1][1:] == ("learner-0", "hello")
+    write_log(run, "collector-0", [(T0 + 2, "last words")], mode="a")
+    run.write_state({**run.read_state(), "status": "finished"})
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert [t for _, _, t in got] == ["old line", "hello", "last words"]
+
+
+def test_follow_logs_start_at_end_and_lost_run(tmp_path):
+    run = make_run(tmp_path, supervisor_pid=dead_pid())
+    write_log(run, "collector-0", [(T0, "before")])
+    # Lost run: reads what is there, then returns immediately.
+    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01, start_at_end=True)] == []
+    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01)] == ["before"]
+
+
+def test_follow_logs_merges_a_round_by_time(tmp_path):
+    run = make_run(tmp_path, status="stopped")
+    write_log(run, "learner-0", [(T0 + 2, "l2")])
+    write_log(run, "collector-0", [(T0 + 1, "c1"), (T0 + 3, "c3")])
+    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01)] == ["c1", "l2", "c3"]
+
+
+# ---------------------------------------------------------------- console
+
+
+def test_display_table_as_json(capsys):
+    from rich.text import Text
+
+    console.display_table("t", ["a", "b"], [[1, Text("x", style="red")], ["[bold]y", None]], as_json=True)
+    assert json.loads(capsys.readouterr().out) == [{"a": 1, "b": "x"}, {"a": "[bold]y", "b": None}]
+
+
+def test_display_table_renders_text_not_markup(capsys):
+    console.display_table("runs", ["a"], [["[bold]literal"]])
+    assert "[bold]literal" in capsys.readouterr().out
+
+
+def test_formatters():
+    assert console.format_duration(12.34) == "12.3s"
+    assert console.format_duration(245) == "4m05s"
+    assert console.format_duration(2 * 3600 + 3 * 60 + 5) == "2h03m"
+    assert console.format_duration(None) == "-"
+    assert console.format_rate(12345.6) == "12.3k"
+    assert console.format_rate(1.2e6) == "1.2M"
+    assert console.format_rate(999.99) == "1.0k"
+    assert console.format_rate(None) == "-"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.floats(allow_nan=True), st.integers(-10**15, 10**15)))
+def test_formatters_never_raise(x):
+    assert isinstance(console.format_duration(x), str)
+    assert isinstance(console.format_rate(x), str)
+
+
+def test_progress_line_full_and_sparse():
+    state = {"status": "running", "started_at": 100.0, "supervisor_pid": os.getpid(),
+             "metrics": {"charts/env_steps": 123456, "charts/env_steps_per_s": 20000.0,
+                         "charts/episode_return_mean": 210.5, "eval/return_mean": 480.1,
+                         "learner/updates_per_s": 900.0}}
+    assert console.progress_line(state, now=112.3) == (
+        "[  12.3s] running env_steps=123456 (20.0k/s) return=210.5 eval=480.1 updates/s=900")
+    assert console.progress_line({"status": "starting"}) == "[      -] starting"
+    assert console.progress_line({}) == "[      -] unknown"
+    assert console.progress_line({"status": "running", "metrics": None}).endswith("running")
+
+
+def test_processes_table_rows_sparse_state():
+    columns, rows = console.processes_table_rows({})
+    assert columns[0] == "process" and rows == []
+    state = {"processes": [{"name": "collector-0", "state": "running", "rate": 12345.6,
+                            "rate_unit": "env steps/s", "last_heartbeat": 99.6},
+                           {"name": "learner-0"}, "garbage"]}
+    columns, rows = console.processes_table_rows(state, now=100.0)
+    assert len(rows) == 2
+    row = dict(zip(columns, (console._plain_cell(c) for c in rows[0])))
+    assert row["rate"] == "12.3k env steps/s" and row["heartbeat age"] == "0.4s ago" and row["state"] == "running"
+    assert dict(zip(columns, rows[1]))["rate"] == "-"
+    console.display_table("processes", columns, rows)  # renders without error
+
+
+def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
+    full = make_run(tmp_path, metrics={"charts/env_steps": 5000}, hosts=["localhost"])
+    bare = RunDir.create(tmp_path, "bare")
+    bare.plan_json.write_text("{}")
+    columns, rows = console.runs_table_rows([full, bare])
+    table = [dict(zip(columns, map(console._plain_cell, r))) for r in rows]
+    assert table[0]["state"] == "running" and table[0]["env steps"] == "5.0k" and table[0]["hosts"] == "localhost"
+    assert table[1]["state"] == "unknown" and table[1]["job"] == "bare"
+    header = console.run_header({"status": "created"})
+    assert "created" in header
+    console.get_console().print(console.live_renderable(
+        {"status": "failed", "exit_reason": "learner-0 exited with code 1",
+         "failure": {"process": "learner-0", "exit_code": 1, "log_tail": ["Traceback", "[red]boom"]}}))
+    out = capsys.readouterr().out
+    assert "learner-0 exited with code 1" in out and "[red]boom" in out
+
+
+def test_log_line_markup_prefix_and_stable_colour():
+    text = console.log_line_markup("collector-3", "value [bold]x[/bold]", T0 + 0.5)
+    assert text.plain == f"{time.strftime('%H:%M:%S', time.localtime(T0))}.500 collector-3 | value [bold]x[/bold]"
+    assert console.role_colour("collector-0") == console.role_colour("collector-7")
+    coloured = console.log_line_markup("learner-0", "\x1b[31mred\x1b[0m", T0)
+    assert coloured.plain.endswith("| red")
+
+
+def test_fast_path_imports_no_heavy_modules():
+    code = ("import rlctl.rundir, rlctl.console, sys; "
+            "print('torch' in sys.modules or 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    code = ("import rlctl.rundir, rlctl.console, sys; "
+            "print(sorted(m for m in ('typer', 'pydantic', 'zmq', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
