@@ -2,7 +2,10 @@
 
 Everything on the hot paths (add / sample / update_priorities) is vectorized:
 there is no Python loop per transition, only loops over tree levels
-(log2(capacity) iterations of small numpy operations).
+(log2(capacity) iterations of small numpy operations). At 1M capacity the
+sampling path is bound by memory latency (random rows of 16 MB+ arrays), which
+is what the layout choices below (one record array for all fields, a flat heap
+tree read level by level) are tuned for; see bench/replay.py.
 """
 
 from __future__ import annotations
@@ -10,6 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["SumTree", "PrioritizedReplay"]
+
+
+def _valid_priorities(priorities) -> np.ndarray:
+    """Priorities as a flat float64 array; raises unless all are finite and non-negative."""
+    p = np.asarray(priorities, dtype=np.float64).ravel()
+    # `not (x >= 0)` also rejects NaN; inf would poison every ancestor sum.
+    if p.size and not (p.min() >= 0.0 and np.isfinite(p.max())):
+        raise ValueError("priorities must be finite and non-negative")
+    return p
 
 
 class SumTree:
@@ -39,21 +51,12 @@ class SumTree:
         self.capacity = capacity
         self._levels = max(0, (capacity - 1).bit_length())  # leaves are at depth _levels
         self._L = 1 << self._levels
-        # Start the tree on a 64-byte boundary so each 8-node group tree[8i:8i+8]
-        # is exactly one cache line (see the last step of `find`).
-        raw = np.zeros(2 * self._L + 8, dtype=np.float64)
-        off = (-raw.ctypes.data % 64) // 8
-        self._tree = raw[off:off + 2 * self._L]
+        self._tree = np.zeros(2 * self._L, dtype=np.float64)
         # Pair view: _pairs[i] == tree[2i] + 1j*tree[2i+1], so one gather fetches
         # both children of node i (about half the cost of two gathers).
         self._pairs = self._tree.view(np.complex128)
         self._leaves = self._tree[self._L:]
         self._search_level = self._SEARCH_LEVEL
-        if self._levels >= 3:
-            self._rows8 = self._tree.reshape(-1, 8)
-            self._tri8 = np.tril(np.ones((8, 8)))  # row j sums elements 0..j
-        else:
-            self._rows8 = None
 
     def total(self) -> float:
         """Sum of all leaf priorities."""
@@ -63,30 +66,25 @@ class SumTree:
         """Leaf priorities at `slots` (a copy)."""
         return self._leaves[np.asarray(slots, dtype=np.int64)]
 
-    def _check_slots(self, slots: np.ndarray) -> None:
-        if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
-            raise IndexError(f"slot out of range [0, {self.capacity})")
-
-    @staticmethod
-    def _check_priorities(priorities: np.ndarray) -> None:
-        # `not (x >= 0)` also rejects NaN; inf would poison every ancestor sum.
-        if priorities.size and not (priorities.min() >= 0.0 and np.isfinite(priorities.max())):
-            raise ValueError("priorities must be finite and non-negative")
-
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set leaf priorities at arbitrary `slots`; with duplicate slots the last one wins."""
         slots = np.asarray(slots, dtype=np.int64).ravel()
-        priorities = np.asarray(priorities, dtype=np.float64).ravel()
+        priorities = _valid_priorities(priorities)
         if slots.shape != priorities.shape:
             raise ValueError("slots and priorities must have the same length")
         if slots.size == 0:
             return
-        self._check_slots(slots)
-        self._check_priorities(priorities)
+        if slots.min() < 0 or slots.max() >= self.capacity:
+            raise IndexError(f"slot out of range [0, {self.capacity})")
+        self._update(slots, priorities)
+
+    def _update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """`update` without input validation, for callers that guarantee int64 in-range slots and valid priorities."""
         tree, pairs = self._tree, self._pairs
         idx = slots + self._L
-        # 1-D integer-array assignment is applied in index order, so for a
-        # repeated slot the last value is what remains.
+        # NumPy applies 1-D integer-array assignment in index order, so for a
+        # repeated slot the last value remains (long-standing behaviour rather
+        # than a documented promise; pinned by the tests). Avoids np.unique.
         tree[idx] = priorities
         width = self._L
         # Sparse levels: recompute only the touched parents. Duplicate parents
@@ -104,14 +102,13 @@ class SumTree:
 
     def update_range(self, start: int, priorities: np.ndarray) -> None:
         """Set leaves start..start+len-1 (no wrap; caller splits) — the fast path for FIFO inserts."""
-        priorities = np.asarray(priorities, dtype=np.float64).ravel()
+        priorities = _valid_priorities(priorities)
         n = priorities.size
         if n == 0:
             return
         start = int(start)
         if start < 0 or start + n > self.capacity:
             raise IndexError(f"range [{start}, {start + n}) outside [0, {self.capacity})")
-        self._check_priorities(priorities)
         tree = self._tree
         lo = self._L + start
         hi = lo + n - 1  # inclusive
@@ -138,31 +135,20 @@ class SumTree:
         cum = np.cumsum(tree[1 << k:2 << k])
         # Clamp below the *cumsum's* total (may differ from tree[1] by rounding),
         # so searchsorted always lands inside the level.
-        np.clip(v, 0.0, np.nextafter(cum[-1], 0.0), out=v)
+        np.minimum(v, np.nextafter(cum[-1], 0.0), out=v)  # (np.clip is several times slower)
+        np.maximum(v, 0.0, out=v)
         j = np.searchsorted(cum, v, side="right")
         # side='right' gives cum[j-1] <= v < cum[j], so node j has positive mass
         # in cumsum arithmetic; subtract what lies to its left.
         np.subtract(v, cum[j - 1], out=v, where=j > 0)
         idx = j
         idx += 1 << k
-        rest = self._levels - k
-        jump = rest >= 3 and self._rows8 is not None
-        for _ in range(rest - 3 if jump else rest):
-            np.add(idx, idx, out=idx)  # -> left child
+        for _ in range(self._levels - k):
+            np.add(idx, idx, out=idx)  # -> left child (cheaper than idx <<= 1)
             left = tree[idx]
             go_right = v >= left  # a zero-mass left child is always skipped
             np.subtract(v, left, out=v, where=go_right)
             idx += go_right
-        if jump:
-            # Last 3 levels in one step: the 8 leaves under node i are tree[8i:8i+8],
-            # one (64-byte aligned) cache line, so one memory round-trip instead of 3.
-            rows = np.take(self._rows8, idx, axis=0)
-            incl = self._tri8 @ rows.T  # (8, n) inclusive prefix sums
-            # Leaf = number of prefix sums <= v (half-open ranges, zero leaves skipped).
-            cnt = np.add.reduce(np.less_equal(incl, v).view(np.uint8), axis=0)
-            np.minimum(cnt, 7, out=cnt)  # v past the row total (rounding) -> last leaf
-            idx <<= 3
-            idx += cnt
         slots = idx - self._L
         bad = self._leaves[slots] <= 0.0
         if bad.any():
@@ -198,12 +184,8 @@ class PrioritizedReplay:
         seed: int = 0,
     ):
         capacity = int(capacity)
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if not fields:
-            raise ValueError("fields must not be empty")
-        if alpha < 0 or eps < 0:
-            raise ValueError("alpha and eps must be non-negative")
+        if capacity < 1 or not fields or alpha < 0 or eps < 0:
+            raise ValueError("need capacity >= 1, at least one field, alpha >= 0 and eps >= 0")
         self.capacity = capacity
         self.alpha = float(alpha)
         self.beta = float(beta)
@@ -228,21 +210,12 @@ class PrioritizedReplay:
         self._keys = np.full(capacity, -1, dtype=np.int64)  # -1 = never filled
         self._tree = SumTree(capacity)
         self._rng = np.random.default_rng(seed)
-        self._offsets_cache: dict[int, np.ndarray] = {}
 
     def beta_now(self) -> float:
         """Importance-sampling exponent, annealed linearly from `beta` to exactly 1.0 over `beta_steps` samples."""
         if self.beta_steps <= 0 or self.sampled_batches >= self.beta_steps:
             return 1.0
         return self.beta + (1.0 - self.beta) * (self.sampled_batches / self.beta_steps)
-
-    def _raw(self, priorities) -> np.ndarray:
-        """Validate raw |TD| priorities (finite, non-negative) as a flat float64 array."""
-        p = np.asarray(priorities, dtype=np.float64).ravel()
-        # `not (x >= 0)` also rejects NaN.
-        if p.size and not (p.min() >= 0.0 and np.isfinite(p.max())):
-            raise ValueError("priorities must be finite and non-negative")
-        return p
 
     def _leaf(self, raw: np.ndarray) -> np.ndarray:
         """Raw priority -> stored leaf value (p + eps) ** alpha (new array)."""
@@ -256,18 +229,15 @@ class PrioritizedReplay:
         if batch.keys() != self._storage.keys():
             raise KeyError(f"batch fields {sorted(batch)} != buffer fields {sorted(self._storage)}")
         arrays = {name: np.asarray(a) for name, a in batch.items()}
-        b = None
+        first = next(iter(arrays.values()))
+        b = first.shape[0] if first.ndim else -1  # -1: a 0-d field fails the check below
         for name, a in arrays.items():
-            if a.ndim < 1 or a.shape[1:] != self._shapes[name]:
-                raise ValueError(f"field {name!r}: shape {a.shape} is not (B, *{self._shapes[name]})")
-            if b is None:
-                b = a.shape[0]
-            elif a.shape[0] != b:
-                raise ValueError("all fields must have the same leading length")
+            if a.shape != (b, *self._shapes[name]):
+                raise ValueError(f"field {name!r}: shape {a.shape} != ({b}, *{self._shapes[name]}); all need one leading B")
         if priorities is None:
             leaf = np.full(b, (self.max_priority + self.eps) ** self.alpha)
         else:
-            raw = self._raw(priorities)
+            raw = _valid_priorities(priorities)
             if raw.size != b:
                 raise ValueError(f"got {raw.size} priorities for {b} transitions")
             if b:
@@ -308,14 +278,10 @@ class PrioritizedReplay:
             raise ValueError("cannot sample from an empty replay buffer")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        offsets = self._offsets_cache.get(n)
-        if offsets is None:
-            offsets = self._offsets_cache[n] = np.arange(n, dtype=np.float64)
-        total = self._tree.total()
         # One uniform draw in each of n equal segments of [0, total).
         values = self._rng.random(n)
-        values += offsets
-        values *= total / n
+        values += np.arange(n)
+        values *= self._tree.total() / n
         slots = self._tree.find(values)
         beta = self.beta_now()
         leaf = self._tree.get(slots)
@@ -330,7 +296,7 @@ class PrioritizedReplay:
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Set raw priorities for `keys`, ignoring keys whose slot was since overwritten; returns how many applied."""
         keys = np.asarray(keys, dtype=np.int64).ravel()
-        raw = self._raw(priorities)
+        raw = _valid_priorities(priorities)
         if keys.size != raw.size:
             raise ValueError("keys and priorities must have the same length")
         if keys.size == 0:
@@ -348,7 +314,8 @@ class PrioritizedReplay:
                 return 0
             slots, raw = slots[live], raw[live]
         raw_max = float(raw.max())
-        self._tree.update(slots, self._leaf(raw))
+        # slots come from `% capacity` and raw was validated: skip re-checking.
+        self._tree._update(slots, self._leaf(raw))
         if raw_max > self.max_priority:
             self.max_priority = raw_max
         return applied

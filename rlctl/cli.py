@@ -7,6 +7,7 @@ Imports here stay light (typer + the standard library): `--help`, `status`,
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")
 def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool = JsonOpt,
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Render the launch plan (every process, host, command, port); start nothing."""
-    from rlctl.console import display_table, get_console, print_json
+    from rlctl.console import get_console, print_json
     from rlctl.plan import choose_base_port, local_python, make_plan
     from rlctl.rundir import new_run_id, runs_root
 
@@ -111,14 +112,18 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
         print_json(p.to_dict())
         return
     con = get_console()
-    con.print(f"job {p.job} ({p.algorithm}), run dir {p.run_dir}, binds {p.bind_host}, ports {p.ports()}", markup=False)
-    rows = [[x.name, x.role, x.rank, x.host, ", ".join(f"{k}={v}" for k, v in x.binds.items()) or "-", " ".join(x.argv)]
-            for x in p.processes]
-    display_table("processes", ["process", "role", "rank", "host", "binds", "argv"], rows)
-    con.print("environment (every process; RLCTL_ROLE/RLCTL_RANK/RLCTL_HOST per process):", markup=False)
+    out = [f"job {p.job} ({p.algorithm})  run dir {p.run_dir}  binds {p.bind_host}  ports {', '.join(map(str, p.ports()))}",
+           f"hosts: {', '.join(h['name'] + ('' if h['local'] else ' (ssh ' + h['destination'] + ')') for h in p.hosts)}", ""]
+    for x in p.processes:
+        binds = "  ".join(f"{k}={v}" for k, v in x.binds.items())
+        out.append(f"{x.name}  role={x.role} rank={x.rank} host={x.host}" + (f"  binds {binds}" if binds else ""))
+        out.append("  $ " + shlex.join(x.argv))
+    out.append("")
+    out.append("environment of every process (RLCTL_ROLE, RLCTL_RANK, RLCTL_HOST, RLCTL_BINDS differ per process):")
     for k, v in p.to_dict()["processes"][0]["env"].items():
-        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST"):
-            con.print(f"  {k}={v}", markup=False)
+        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS"):
+            out.append(f"  {k}={v}")
+    con.print("\n".join(out), markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -135,7 +140,7 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
     if remote:
         raise _bad_input(f"{job_file}: hosts {', '.join(remote)} are remote; launching over SSH is not available "
                          "in this version (`rlctl plan` shows the commands it will use)")
-    root = runs_root(runs_dir)
+    root = runs_root(runs_dir).resolve()
     rundir = RunDir.create(root, spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
     p = make_plan(spec, rundir.run_id, str(rundir.path), choose_base_port(spec), python=local_python())

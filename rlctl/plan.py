@@ -99,6 +99,7 @@ def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT leftovers don't block
         try:
             s.bind((host, port))
         except OSError:

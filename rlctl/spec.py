@@ -266,20 +266,21 @@ class JobSpec(Section):
     def _check_hosts(self) -> "JobSpec":
         if not self.hosts:
             return self
+        # Messages start with the key path they concern ("key: reason"); validate_job splits them.
         names = [h.name for h in self.hosts]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"host names must be unique; repeated: {', '.join(dupes)}")
+        for i, n in enumerate(names):
+            if names.index(n) != i:
+                raise ValueError(f"hosts[{i}].name: host names must be unique; {n!r} is also hosts[{names.index(n)}]")
         explicit = self.topology.model_fields_set & {"collectors", "replay_shards", "evaluator"}
         if explicit:
             keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
             raise ValueError(f"{keys}: with [[hosts]] listed, set these counts per host instead")
         if sum(h.learner for h in self.hosts) != 1:
-            raise ValueError("exactly one host must have learner = true (multi-node learners arrive with SSH hosts)")
+            raise ValueError("hosts: exactly one host must have learner = true (multi-node learners arrive with SSH hosts)")
         if sum(h.evaluator for h in self.hosts) > 1:
-            raise ValueError("at most one host may have evaluator = true")
+            raise ValueError("hosts: at most one host may have evaluator = true")
         if self.algorithm.name in OFF_POLICY and sum(h.replay_shards for h in self.hosts) == 0:
-            raise ValueError(f"algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
+            raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
         return self
 
     @property
@@ -362,12 +363,21 @@ def _reason(err: dict) -> str:
     return msg
 
 
+def _problem(err: dict) -> tuple[str, str]:
+    key, reason = _key_path(err["loc"]), _reason(err)
+    if not key and err["type"] == "value_error":
+        head, sep, rest = reason.partition(": ")  # whole-job checks write "key.path: reason"
+        if sep and re.fullmatch(r"[\w.\[\]]+(, [\w.\[\]]+)*", head):
+            key, reason = head, rest
+    return key, reason
+
+
 def validate_job(data: dict, path: str | Path = "<job>") -> JobSpec:
     """Validate parsed TOML into a JobSpec, raising JobFileError with key paths."""
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        problems = [(_key_path(e["loc"]), _reason(e)) for e in exc.errors()]
+        problems = [_problem(e) for e in exc.errors()]
         raise JobFileError(path, problems) from None
 
 
@@ -416,12 +426,22 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        return '"' + _TOML_ESCAPE_RE.sub(_toml_escape, v) + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+# A TOML basic string must escape `"`, backslash and every control character but tab.
+_TOML_ESCAPE_RE = re.compile(r'["\\\x00-\x08\x0a-\x1f\x7f]')
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+
+
+def _toml_escape(m: re.Match) -> str:
+    ch = m.group()
+    return _TOML_ESCAPES.get(ch) or f"\\u{ord(ch):04x}"
 
 
 def _toml_key(k: str) -> str:

@@ -137,13 +137,13 @@ class CurveKeys:
 
     def to_env(self) -> str:
         """One string for the child's environment (never its command line)."""
-        return ":".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public, self.client_secret))
+        return ",".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public, self.client_secret))
 
     @classmethod
     def from_env(cls, value: str | None = None) -> "CurveKeys":
         """Keys from $RLCTL_CURVE_KEYS."""
         value = value if value is not None else os.environ.get(KEYS_ENV, "")
-        parts = value.split(":")
+        parts = value.split(",")  # z85 uses ":" itself
         if len(parts) != 4 or not all(len(p) == 40 for p in parts):
             raise RuntimeError(f"${KEYS_ENV} is missing or malformed: this process must be started by `rlctl run`")
         return cls(*(p.encode() for p in parts))

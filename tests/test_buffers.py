@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rlctl.buffers import PrioritizedReplay, SumTree
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # 0 = pure level-by-level descent, 1-3 = mixed, 30 = pure searchsorted over the leaves.
 search_levels = st.sampled_from([0, 1, 2, 3, 30])
@@ -201,9 +201,11 @@ def test_replay_batch_larger_than_capacity_keeps_last():
         check_row(buf._storage, key % 4, key)
 
 
-def test_replay_sampling_frequencies_match_priorities():
+@pytest.mark.parametrize("level", [0, 10])  # level-by-level descent / pure searchsorted
+def test_replay_sampling_frequencies_match_priorities(level):
     cap, alpha, eps = 10, 0.6, 1e-6
     buf = PrioritizedReplay(cap, FIELDS, alpha=alpha, eps=eps, seed=123)
+    buf._tree._search_level = level
     raw = np.array([0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 0.1, 3.0, 0.0, 6.0, 5.0, 0.2])
     buf.add(make_batch(0, 12), priorities=raw)  # wraps: keys 2..11 survive
     live = raw[2:]

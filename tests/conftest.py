@@ -1,0 +1,110 @@
+"""Shared test helpers: run the real CLI, write small job files, wait on run state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = None, timeout: float = 120,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m rlctl ARGS` as a user would; assert the exit code when given."""
+    proc = subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+    if expected_exit is not None:
+        assert proc.returncode == expected_exit, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+SMALL_JOB = """
+[job]
+name = "{name}"
+seed = 3
+[job.stop]
+{stop}
+[env]
+id = "CartPole-v1"
+envs_per_collector = 4
+[algorithm]
+name = "apex"
+batch_size = 32
+publish_interval = 10
+[replay]
+capacity = 5000
+min_size = 200
+[topology]
+collectors = {collectors}
+evaluator = true
+max_restarts = {max_restarts}
+[evaluator]
+interval_s = 0.5
+episodes = 2
+[logging]
+metrics_interval_s = 0.3
+checkpoint_interval_s = 2.0
+"""
+
+
+def small_job(path: Path, name: str = "tiny", stop: str = "wall_s = 60", collectors: int = 1,
+              max_restarts: int = 3, extra: str = "") -> Path:
+    """Write a small, fast Ape-X job (CartPole) for lifecycle tests."""
+    f = path / f"{name}.toml"
+    f.write_text(SMALL_JOB.format(name=name, stop=stop, collectors=collectors, max_restarts=max_restarts) + extra)
+    return f
+
+
+def read_state(run_dir: Path) -> dict:
+    """state.json of a run (empty dict while missing or mid-write)."""
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() is truthy; return its value or fail naming `what`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def only_run(runs_dir: Path) -> Path:
+    """The single run directory under runs_dir."""
+    runs = [p for p in runs_dir.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process (not a zombie) with this pid exists."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process belongs to the process group."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().split(") ", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                return True
+    return False

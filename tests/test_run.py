@@ -1,0 +1,142 @@
+"""`rlctl run` with real processes: lifecycle, logs, detach/status/logs/stop, restarts, failures, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import group_alive, only_run, pid_alive, read_state, run_cli, small_job, wait_for
+
+
+def _all_gone(state: dict) -> bool:
+    return all(not group_alive(p["pgid"]) for p in state["processes"] if p.get("pgid"))
+
+
+def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
+    job = small_job(tmp_path, stop="env_steps = 4000\nwall_s = 120")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    while proc.poll() is None:
+        if runs.exists() and any(runs.iterdir()):
+            status = read_state(only_run(runs)).get("status")
+            if status and (not seen or seen[-1] != status):
+                seen.append(status)
+        time.sleep(0.02)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
+    seen.append(state["status"])
+    assert seen[0] in ("created", "starting")
+    assert "running" in seen and seen[-1] == "finished", seen
+    assert state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    assert state["metrics"]["charts/env_steps"] >= 4000
+    # Every process has a log with its own output, and the resolved job and plan are there.
+    for name in ("replay-0", "learner-0", "collector-0", "evaluator-0"):
+        text = (run_dir / "logs" / f"{name}.log").read_text()
+        assert name.split("-")[0] in text, name
+    assert "[replay]" in (run_dir / "job.toml").read_text()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert {p["role"] for p in plan["processes"]} == {"replay", "learner", "collector", "evaluator"}
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert _all_gone(state)
+    assert "finished" in out
+
+
+def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path):
+    job = small_job(tmp_path, name="detached", stop="wall_s = 300")
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs)}
+    res = run_cli(["run", str(job), "--detach"], env=env, timeout=30)
+    run_id = res.stdout.strip().splitlines()[0]
+    assert run_id.startswith("detached-")
+    assert f"rlctl stop {run_id}" in res.stderr
+    run_dir = runs / run_id
+    wait_for(lambda: read_state(run_dir).get("status") == "running", 60, what="running")
+    wait_for(lambda: all(p["state"] == "running" for p in read_state(run_dir)["processes"]), 90,
+             what="every process running")
+    follower = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "--follow", run_id],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+    st = run_cli(["status"], env=env)
+    assert run_id in st.stdout and "running" in st.stdout
+    st = run_cli(["status", run_id, "--json"], env=env)
+    data = json.loads(st.stdout)
+    assert {p["name"] for p in data["processes"]} == {"replay-0", "learner-0", "collector-0", "evaluator-0"}
+    wait_for(lambda: read_state(run_dir)["metrics"].get("charts/env_steps", 0) > 0, 60, what="env steps")
+    res = run_cli(["stop", run_id], env=env, timeout=90)
+    assert "stopped" in res.stdout
+    state = read_state(run_dir)
+    assert state["status"] == "stopped"
+    assert not pid_alive(state["supervisor_pid"])
+    assert _all_gone(state)
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 0, err
+    assert "collector-0" in out and "learner-0" in out
+    # A stopped run keeps its checkpoint, logs and state.
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert run_cli(["logs", run_id, "--role", "learner", "--tail", "3"], env=env).stdout.count("learner-0") <= 3
+
+
+def test_killed_collector_is_restarted_and_killed_replay_fails_the_run(tmp_path):
+    job = small_job(tmp_path, name="faults", stop="wall_s = 300", max_restarts=1)
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_dir = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs), 30, what="run dir")
+
+        def row(name):
+            return next(p for p in read_state(run_dir).get("processes", []) if p["name"] == name)
+
+        wait_for(lambda: read_state(run_dir).get("processes") and row("collector-0")["state"] == "running", 90,
+                 what="collector running")
+        first_pid = row("collector-0")["pid"]
+        os.kill(first_pid, signal.SIGKILL)
+        wait_for(lambda: row("collector-0")["restarts"] == 1 and row("collector-0")["state"] == "running", 60,
+                 what="collector restarted")
+        assert row("collector-0")["pid"] != first_pid
+        assert read_state(run_dir)["status"] == "running"
+        os.kill(row("replay-0")["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    state = read_state(run_dir)
+    assert state["status"] == "failed"
+    assert state["failure"]["process"] == "replay-0"
+    assert "replay-0" in out and "exited with code -9" in out
+    assert _all_gone(state)
+
+
+def test_tensorboard_scalars_and_hyperparameters_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job = small_job(tmp_path, name="tb", stop="env_steps = 6000\nwall_s = 120")
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=180)
+    acc = EventAccumulator(str(only_run(runs) / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("charts/episode_return", "charts/env_steps_per_s", "losses/td_loss", "learner/updates_per_s",
+                "learner/q_mean", "replay/size", "replay/insert_per_s", "collector/weight_version_lag",
+                "eval/return_mean"):
+        assert tag in tags, (tag, sorted(tags))
+    assert max(e.value for e in acc.Scalars("replay/size")) > 0
+    assert "hyperparameters/text_summary" in acc.Tags()["tensors"] or "hyperparameters" in acc.Tags()["tensors"]
+
+
+def test_bad_job_file_starts_nothing(tmp_path):
+    job = small_job(tmp_path, name="bad", extra="\n[evaluator]\n")
+    runs = tmp_path / "runs"
+    res = run_cli(["run", str(job), "--runs-dir", str(runs)], expected_exit=2)
+    assert "Traceback" not in res.stderr and str(job) in res.stderr
+    assert not runs.exists() or not any(runs.iterdir())
