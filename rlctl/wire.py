@@ -149,21 +149,36 @@ class CurveKeys:
         return cls(*(p.encode() for p in parts))
 
 
-class AuthCounter:
-    """ZAP credentials check that admits only the job's client key and counts refusals."""
+class ClientKeyCheck:
+    """ZAP credentials check: admits only the job's client key."""
 
     def __init__(self, allowed: bytes):
         self.allowed = allowed
-        self.refused = 0
-        self._lock = threading.Lock()
 
     def callback(self, domain: str, key: bytes) -> bool:
-        """Called by the authenticator thread for each CURVE handshake."""
-        ok = key == self.allowed  # pyzmq passes the z85 form
-        if not ok:
-            with self._lock:
-                self.refused += 1
-        return ok
+        """Called by the authenticator thread for each CURVE handshake (pyzmq passes the z85 key)."""
+        return key == self.allowed
+
+
+HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class HandshakeWatch(threading.Thread):
+    """Counts refused handshakes (wrong server key, unknown client key) on one server socket's monitor."""
+
+    def __init__(self, monitor: zmq.Socket, stop: threading.Event):
+        super().__init__(daemon=True)
+        self.monitor, self.stop_event = monitor, stop
+        self.refused = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            if self.monitor.poll(100):
+                frames = self.monitor.recv_multipart()
+                if len(frames[0]) >= 2 and int.from_bytes(frames[0][:2], "little") & HANDSHAKE_FAILURES:
+                    self.refused += 1
+        self.monitor.close(linger=0)
 
 
 class SecureContext:
@@ -172,23 +187,27 @@ class SecureContext:
     def __init__(self, keys: CurveKeys):
         self.keys = keys
         self.ctx = zmq.Context()
-        self.auth_counter = AuthCounter(keys.client_public)
         self._auth: ThreadAuthenticator | None = None
+        self._watches: list[HandshakeWatch] = []
+        self._stop = threading.Event()
 
     def _ensure_auth(self) -> None:
         if self._auth is None:
             self._auth = ThreadAuthenticator(self.ctx)
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=self.auth_counter)
+            self._auth.configure_curve_callback("*", credentials_provider=ClientKeyCheck(self.keys.client_public))
 
     def server(self, kind: int, endpoint: str, **opts: int) -> zmq.Socket:
-        """A socket bound at `endpoint` that only job members can talk to."""
+        """A socket bound at `endpoint` that only job members can talk to; refusals are counted."""
         self._ensure_auth()
         sock = self.ctx.socket(kind)
         sock.curve_server = True
         sock.curve_secretkey = self.keys.server_secret
         sock.curve_publickey = self.keys.server_public
         _apply(sock, opts)
+        watch = HandshakeWatch(sock.get_monitor_socket(HANDSHAKE_FAILURES), self._stop)
+        watch.start()
+        self._watches.append(watch)
         sock.bind(endpoint)
         return sock
 
@@ -205,11 +224,14 @@ class SecureContext:
 
     @property
     def refused(self) -> int:
-        """Handshakes refused for a wrong key."""
-        return self.auth_counter.refused
+        """Handshakes refused on this process's server sockets."""
+        return sum(w.refused for w in self._watches)
 
     def close(self) -> None:
-        """Stop the authenticator and close every socket, each with its own linger (control flushes its last heartbeat)."""
+        """Stop helper threads and close every socket, each with its own linger (control flushes its last heartbeat)."""
+        self._stop.set()
+        for w in self._watches:
+            w.join(timeout=1)
         if self._auth is not None:
             self._auth.stop()
         self.ctx.destroy()

@@ -64,10 +64,12 @@ def test_sumtree_matches_bruteforce(cap_ops, level, fracs, data):
         with pytest.raises(ValueError):
             tree.find(np.array([0.0]))
         return
-    # Random values plus every exact boundary and half-way point (exact arithmetic).
+    # Random values plus every exact boundary, the float just below it and half-way points
+    # (exact arithmetic, so even boundary values must match exactly).
     cum = np.cumsum(ref)
-    vals = [f * total for f in fracs] + [c for c in cum if c < total] + [c + 0.5 for c in cum if c + 0.5 < total]
-    vals += [0.0, data.draw(st.integers(0, int(total) - 1)) + 0.25]
+    vals = [f * total for f in fracs] + [data.draw(st.integers(0, int(total) - 1)) + 0.25]
+    vals += [c for c in cum if c < total] + [c + 0.5 for c in cum if c + 0.5 < total]
+    vals += [0.0] + [np.nextafter(c, 0) for c in cum if 0 < c <= total]
     got = tree.find(np.array(vals))
     assert got.dtype == np.int64
     assert [int(g) for g in got] == [ref_find(ref, v) for v in vals]
@@ -142,14 +144,14 @@ def test_sumtree_larger_tree_default_levels():
 
 def test_sumtree_rejects_bad_input():
     tree = SumTree(4)
-    with pytest.raises(IndexError):
-        tree.update(np.array([4]), np.array([1.0]))
-    with pytest.raises(IndexError):
-        tree.update_range(3, np.array([1.0, 1.0]))
-    with pytest.raises(ValueError):
-        tree.update(np.array([0]), np.array([-1.0]))
-    with pytest.raises(ValueError):
-        tree.update(np.array([0]), np.array([np.nan]))
+    for exc, call in [
+        (IndexError, lambda: tree.update(np.array([4]), np.array([1.0]))),
+        (IndexError, lambda: tree.update_range(3, np.array([1.0, 1.0]))),
+        (ValueError, lambda: tree.update(np.array([0]), np.array([-1.0]))),
+        (ValueError, lambda: tree.update(np.array([0]), np.array([np.nan]))),
+    ]:
+        with pytest.raises(exc):
+            call()
 
 
 # ---------------------------------------------------------------- PrioritizedReplay
@@ -199,6 +201,10 @@ def test_replay_batch_larger_than_capacity_keeps_last():
     assert sorted(buf._keys.tolist()) == [9, 10, 11, 12]
     for key in range(9, 13):
         check_row(buf._storage, key % 4, key)
+    # A mostly empty big buffer never samples its unfilled slots.
+    buf = PrioritizedReplay(1000, FIELDS, seed=0)
+    buf.add(make_batch(0, 3))
+    assert set(np.concatenate([buf.sample(32)[1] for _ in range(50)]).tolist()) <= {0, 1, 2}
 
 
 @pytest.mark.parametrize("level", [0, 10])  # level-by-level descent / pure searchsorted
@@ -217,15 +223,7 @@ def test_replay_sampling_frequencies_match_priorities(level):
         counts += np.bincount(keys, minlength=12)
     freq = counts / counts.sum()
     assert counts[:2].sum() == 0  # evicted keys are never sampled
-    assert np.abs(freq - expect).max() < 0.01
-
-
-def test_replay_partial_buffer_never_samples_empty_slots():
-    buf = PrioritizedReplay(1000, FIELDS, seed=0)
-    buf.add(make_batch(0, 3))
-    for _ in range(50):
-        _, keys, _ = buf.sample(32)
-        assert set(keys.tolist()) <= {0, 1, 2}
+    assert np.abs(freq - expect).max() < 0.005  # stratified draws: observed error ~1e-3
 
 
 def test_replay_importance_weights_formula():
@@ -263,15 +261,13 @@ def test_replay_stale_priority_updates_ignored():
     buf.add(make_batch(0, 6), priorities=np.ones(6))  # keys 2..5 live; 4, 5 overwrote 0, 1
     leaf = lambda p: (p + eps) ** alpha  # noqa: E731
     # Stale keys (0, 1) come *after* the live ones for the same slots; future, negative keys too.
-    n = buf.update_priorities(np.array([4, 5, 2, 0, 1, 3, 99, -1]), np.array([9.0, 8, 7, 100, 100, 6, 100, 100]))
-    assert n == 4
+    keys, prios = np.array([4, 5, 2, 0, 1, 3, 99, -1]), np.array([9.0, 8, 7, 100, 100, 6, 100, 100])
+    assert buf.update_priorities(keys, prios) == 4
     np.testing.assert_allclose(buf._tree.get(np.arange(4)), leaf(np.array([9.0, 8, 7, 6])))
     assert buf.max_priority == 9.0  # ignored updates don't raise the max
     assert buf.update_priorities(np.array([0, 1]), np.array([5.0, 5.0])) == 0
     assert buf.update_priorities(np.array([], dtype=np.int64), np.array([])) == 0
-
-
-def test_replay_stale_updates_never_touch_unfilled_slot():
+    # Key -1 maps to slot 3, whose "never filled" sentinel is -1: must not match.
     buf = PrioritizedReplay(4, FIELDS)
     buf.add(make_batch(0, 2))
     assert buf.update_priorities(np.array([-1, 3, -4]), np.array([5.0, 5.0, 5.0])) == 0

@@ -134,8 +134,18 @@ def double_dqn_targets(
 ) -> torch.Tensor:
     """Double-DQN targets y = r + discount * Q_target(s', argmax_a Q_online(s', a)), without grad."""
     with torch.no_grad():
-        best_actions = online(next_obs).argmax(dim=1, keepdim=True)
-        next_values = target(next_obs).gather(1, best_actions).squeeze(1)
+        return targets_from_q(online(next_obs), target(next_obs), rewards, discounts, double=True)
+
+
+def targets_from_q(next_q_online: torch.Tensor, next_q_target: torch.Tensor, rewards: torch.Tensor,
+                   discounts: torch.Tensor, double: bool = True) -> torch.Tensor:
+    """n-step targets from precomputed Q(s') tables: double (online picks, target evaluates) or plain max."""
+    with torch.no_grad():
+        if double:
+            best = next_q_online.argmax(dim=1, keepdim=True)
+            next_values = next_q_target.gather(1, best).squeeze(1)
+        else:
+            next_values = next_q_target.max(dim=1).values
         return rewards + discounts * next_values
 
 

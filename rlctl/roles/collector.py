@@ -57,7 +57,7 @@ class ExperienceSender:
     """PUSH to every replay shard (ZeroMQ spreads batches over the shards that have room)."""
 
     def __init__(self, net: wire.SecureContext, endpoints: list[str], sender: str):
-        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=16)
+        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=2)  # small queues keep sent data on-policy-fresh
         self.sender = sender
         self.sent = 0
 
@@ -102,10 +102,31 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     ready: dict[str, np.ndarray] | None = None
     env_steps = 0
     last_steps, last_t = 0, time.monotonic()
+    def _report_if_due() -> None:
+        nonlocal last_steps, last_t, finished_returns, finished_lengths
+        now = time.monotonic()
+        if not control.due(now):
+            return
+        rate = (env_steps - last_steps) / max(now - last_t, 1e-9)
+        last_steps, last_t = env_steps, now
+        control.heartbeat({
+            "env_steps": env_steps, "charts/env_steps_per_s": rate, "env_steps_per_s": rate,
+            "collector/weight_version": weights.version, "collector/sent": sender.sent,
+            "episode_returns": finished_returns[-1000:], "episode_lengths": finished_lengths[-1000:],
+            "net/dropped": weights.dropped,
+        })
+        finished_returns, finished_lengths = [], []
+
     print(f"{rc.name}: {n_envs} x {job.env.id} ({type(env).__name__}), eps {eps.min():.4f}..{eps.max():.4f}, pid {os.getpid()}",
           flush=True)
 
     while not stop:
+        if ready is not None and not sender.try_send(ready, weights.version):
+            # Every shard is full (rate limit): wait for room rather than step ahead with a stale policy.
+            sender.sock.poll(20, zmq.POLLOUT)
+            _report_if_due()
+            continue
+        ready = None
         weights.poll()
         with torch.no_grad():
             q = model(torch.from_numpy(obs))
@@ -127,26 +148,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         if len(out["reward"]):
             chunks.append(out)
             chunk_rows += len(out["reward"])
-        if ready is None and chunk_rows >= algo.send_batch:
+        if chunk_rows >= algo.send_batch:
             ready = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
             ready["priority"] = initial_priorities(model, ready)
             chunks, chunk_rows = [], 0
-        if ready is not None and sender.try_send(ready, weights.version):
-            ready = None
-        elif ready is not None and chunk_rows >= 4 * algo.send_batch:
-            # Every shard is full (rate limit): wait for room instead of stepping further ahead of the learner.
-            sender.sock.poll(50, zmq.POLLOUT)
-        now = time.monotonic()
-        if control.due(now):
-            rate = (env_steps - last_steps) / max(now - last_t, 1e-9)
-            last_steps, last_t = env_steps, now
-            control.heartbeat({
-                "env_steps": env_steps, "charts/env_steps_per_s": rate, "env_steps_per_s": rate,
-                "collector/weight_version": weights.version, "collector/sent": sender.sent,
-                "episode_returns": finished_returns[-1000:], "episode_lengths": finished_lengths[-1000:],
-                "net/dropped": weights.dropped,
-            })
-            finished_returns, finished_lengths = [], []
+        _report_if_due()
     env.close()
     net.close()
 

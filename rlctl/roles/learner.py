@@ -19,7 +19,7 @@ import zmq
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlctl import wire
-from rlctl.algos.apex import double_dqn_targets, td_loss
+from rlctl.algos.apex import targets_from_q, td_loss
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork, flat_parameters, parameter_digest
@@ -93,7 +93,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     online = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling).to(device)
     target = copy.deepcopy(online)
     model = DDP(online, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.Adam(online.parameters(), lr=algo.lr, eps=algo.adam_eps)
+    # Fused Adam: one kernel for all parameters (about 20% of a small network's update on CPU).
+    opt = torch.optim.Adam(online.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)
 
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
@@ -148,20 +149,19 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         rewards = torch.from_numpy(np.array(batch["reward"], dtype=np.float32)).to(device)
         discounts = torch.from_numpy(np.array(batch["discount"], dtype=np.float32)).to(device)
         weights = torch.from_numpy(np.array(batch["weights"], dtype=np.float32)).to(device)
-        if algo.double:
-            y = double_dqn_targets(online, target, next_obs, rewards, discounts)
-        else:
-            with torch.no_grad():
-                y = rewards + discounts * target(next_obs).max(1).values
-        q = model(obs)
+        # One forward over [s; s'] through DDP: Q(s) for the loss, Q_online(s') for double-DQN action choice.
+        both = model(torch.cat([obs, next_obs]))
+        q, next_q_online = both[: len(obs)], both[len(obs):].detach()
+        with torch.no_grad():
+            y = targets_from_q(next_q_online, target(next_obs), rewards, discounts, algo.double)
         loss, td_abs = td_loss(q, actions, y, weights)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(online.parameters(), algo.grad_clip)
+        torch.nn.utils.clip_grad_norm_(online.parameters(), algo.grad_clip, foreach=True)
         opt.step()
         stream.update_priorities(np.array(batch["keys"]), td_abs.cpu().numpy().astype(np.float32))
         updates += 1
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
         q_sum += float(q.detach().mean())
         n_sum += 1
         if updates % algo.target_update_interval == 0:

@@ -1,0 +1,200 @@
+"""Latency from the learner publishing weights to all 4 real collectors acting with them.
+
+Usage: python bench/weights.py [--quick] [--publishes N] [--only small|10m]
+
+The bench binds the weights PUB socket as learner rank 0 does (`rlctl.wire`, CURVE, kind
+"weights", `version`, array "params" = flat float32 vector from `flat_parameters`) and
+starts 4 real collector processes (`python -m rlctl.roles.collector`) whose job has
+`send_batch = 1` and `n_step = 1`, so every env step's transitions leave at once, tagged
+with the collector's policy version (`msg.version`). The bench's PULL sink (where the
+replay shard would be) records, per collector (`msg.sender`), the first arrival of a
+batch with version >= v. Latency of version v = max over collectors of (that arrival -
+publish time). Publishes are spaced (the next one goes out once every collector acts with
+the previous one, plus a short random gap), so each one is measured alone.
+
+Two networks: jobs/apex.toml's [model] (CartPole net) and a ~10M-parameter QNetwork.
+Targets: median <= 5 ms (small), <= 100 ms (10M).
+
+Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...} (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as H  # noqa: E402
+
+import msgpack  # noqa: E402
+import zmq  # noqa: E402
+
+from rlctl import wire  # noqa: E402
+
+N_COLLECTORS = 4
+HIDDEN_10M = [3158, 3158]  # QNetwork(4 -> 3158 -> 3158 -> dueling 1 + 2) = 10,001,389 parameters
+TARGET_MS = {"small": 5.0, "10m": 100.0}
+
+
+def qnet_params(hidden: list[int], dueling: bool = True) -> "object":
+    """Flat float32 parameters of a fresh CartPole QNetwork with these hidden widths."""
+    import torch
+
+    from rlctl.models import QNetwork, flat_parameters
+
+    torch.manual_seed(0)
+    net = QNetwork((4,), 2, hidden, "relu", dueling)
+    return flat_parameters(net).numpy()
+
+
+class Sink:
+    """PULL where the replay shard would be: per sender, the newest version seen and when it first appeared."""
+
+    def __init__(self, net: wire.SecureContext, endpoint: str):
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=10000)
+        self.first_seen: dict[str, dict[int, float]] = {}  # sender -> version -> first arrival
+        self.newest: dict[str, int] = {}
+        self.messages = 0
+        self.max_drain = 0  # most messages read in one wake-up (a backlog indicator)
+
+    def drain(self, timeout_ms: int) -> None:
+        """Wait up to timeout_ms for data, then read everything queued (header only: sender and version)."""
+        if not self.sock.poll(timeout_ms):
+            return
+        n = 0
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            now = time.perf_counter()
+            head = msgpack.unpackb(frames[0].buffer, raw=False)
+            sender, version = head["s"], head["v"]
+            n += 1
+            if version > self.newest.get(sender, -2):
+                self.newest[sender] = version
+                self.first_seen.setdefault(sender, {})[version] = now
+        self.messages += n
+        self.max_drain = max(self.max_drain, n)
+
+    def arrival(self, sender: str, version: int) -> float | None:
+        """First arrival time of a batch from `sender` with version >= `version`."""
+        seen = self.first_seen.get(sender, {})
+        times = [t for v, t in seen.items() if v >= version]
+        return min(times) if times else None
+
+
+def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, float], timeout_s: float,
+             tmp) -> dict:
+    params = qnet_params(hidden)
+    job_path = H.write_job(tmp, {"model": {"hidden": hidden}, "topology": {"collectors": N_COLLECTORS},
+                                 "algorithm": {"send_batch": 1, "n_step": 1}},
+                           name=f"weights-{label}.toml")
+    keys = H.generate_keys()
+    endpoints, _ = H.make_endpoints(replay_shards=1)
+    control = H.ControlRouter(keys, endpoints["control"])
+    net = wire.SecureContext(keys)
+    pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)  # as learner rank 0
+    sink = Sink(net, endpoints["replay"][0]["experience"])
+    names = [f"collector-{r}" for r in range(N_COLLECTORS)]
+    procs = []
+    version = 0
+
+    def publish() -> float:
+        nonlocal version
+        version += 1
+        t = time.perf_counter()
+        wire.send(pub, "weights", "learner-0", version, None, {"params": params})
+        return t
+
+    def wait_all(v: int, deadline: float) -> bool:
+        while time.perf_counter() < deadline:
+            if all(sink.arrival(n, v) is not None for n in names):
+                return True
+            sink.drain(5)
+        return False
+
+    try:
+        procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp)
+                 for r in range(N_COLLECTORS)]
+        control.wait_hello(names, 120, procs)
+        # Subscriptions propagate asynchronously (slow joiner): republish until every collector acts with one.
+        deadline = time.perf_counter() + 120
+        while True:
+            publish()
+            if wait_all(version, time.perf_counter() + max(0.5, timeout_s / 4)):
+                break
+            for p in procs:
+                p.check()
+            if time.perf_counter() > deadline:
+                raise TimeoutError("collectors never acted with published weights")
+        for _ in range(3):  # warm-up publishes, not measured
+            wait_all(publish(), time.perf_counter() + timeout_s)
+            sink.drain(int(gap_s[1] * 1000))
+        lat, per_collector, lost = [], {n: [] for n in names}, 0
+        for i in range(publishes):
+            end_gap = time.perf_counter() + random.uniform(*gap_s)
+            while time.perf_counter() < end_gap:
+                sink.drain(1)
+            t_pub = publish()
+            if not wait_all(version, t_pub + timeout_s):
+                lost += 1
+                for p in procs:
+                    p.check()
+                continue
+            arrivals = {n: sink.arrival(n, version) - t_pub for n in names}
+            for n, d in arrivals.items():
+                per_collector[n].append(d * 1e3)
+            lat.append(max(arrivals.values()) * 1e3)
+        for p in procs:
+            p.check()
+        return {"params": int(params.size), "mbytes": params.nbytes / 1e6, "latencies_ms": lat, "lost": lost,
+                "median_ms": H.median(lat), "p90_ms": H.percentile(lat, 90), "min_ms": min(lat) if lat else None,
+                "max_ms": max(lat) if lat else None,
+                "per_collector_median_ms": {n: H.median(v) for n, v in per_collector.items()},
+                "sink_messages": sink.messages, "sink_max_drain": sink.max_drain}
+    finally:
+        H.stop_all(procs)
+        control.close()
+        net.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer publishes")
+    ap.add_argument("--publishes", type=int, default=None, help="measured publishes per network")
+    ap.add_argument("--only", choices=["small", "10m"], default=None)
+    args = ap.parse_args()
+    small_hidden = list(H.load_toml()["model"].get("hidden", [64, 64]))
+    cases = [("small", small_hidden, args.publishes or (40 if args.quick else 200), (0.01, 0.03), 2.0),
+             ("10m", HIDDEN_10M, args.publishes or (8 if args.quick else 30), (0.05, 0.15), 20.0)]
+    if args.only:
+        cases = [c for c in cases if c[0] == args.only]
+    print(f"weights bench: {N_COLLECTORS} collectors (send_batch 1, n_step 1, 8 envs each), loopback, CURVE; "
+          f"{os.cpu_count()} CPUs (shared)")
+    out = {}
+    with H.TempDir() as tmp:
+        for label, hidden, n_pub, gap, timeout in cases:
+            r = run_case(label, hidden, n_pub, gap, timeout, tmp)
+            out[label] = r
+            target = TARGET_MS[label]
+            print(f"  {label:5s} hidden {hidden}: {r['params']:,} parameters ({r['mbytes']:.2f} MB float32)")
+            print(f"        latency over {len(r['latencies_ms'])} publishes: median {r['median_ms']:.2f} ms, "
+                  f"p90 {r['p90_ms']:.2f} ms (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}); lost {r['lost']}")
+            print("        per-collector medians: " + ", ".join(f"{n} {v:.2f}" for n, v in
+                                                             r["per_collector_median_ms"].items()) + " ms")
+            print(f"        target median <= {target:g} ms: {H.verdict(r['median_ms'], target, higher_is_better=False)}"
+                  f"   (sink read {r['sink_messages']} batches, at most {r['sink_max_drain']} per wake-up)")
+    H.emit_json({"bench": "weights",
+                 "latency_ms_small": round(out["small"]["median_ms"], 3) if "small" in out else None,
+                 "latency_ms_10m": round(out["10m"]["median_ms"], 3) if "10m" in out else None,
+                 "p90_ms_small": round(out["small"]["p90_ms"], 3) if "small" in out else None,
+                 "p90_ms_10m": round(out["10m"]["p90_ms"], 3) if "10m" in out else None,
+                 "params_10m": out["10m"]["params"] if "10m" in out else None})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""Tests for rlctl.plan (JobSpec -> LaunchPlan) and rlctl.hosts (local and SSH launchers)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rlctl.hosts import SECRET_ENV, SSHLauncher, launcher_for
+from rlctl.plan import (
+    CRITICAL_ROLES,
+    SECRET_MASK,
+    LaunchPlan,
+    choose_base_port,
+    default_base_port,
+    make_plan,
+    placement,
+    ports_needed,
+)
+from rlctl.spec import JobSpec, load_job, validate_job
+
+REPO = Path(__file__).resolve().parents[1]
+APEX = REPO / "jobs" / "apex.toml"
+PY = "/usr/bin/python-for-tests"
+RUN_ID = "apex-cartpole-20250101-120000"
+RUN_DIR = "/tmp/runs/apex-cartpole-20250101-120000"
+BASE = 30000
+# A made-up CurveZMQ key set, shaped like the real thing (Z85 text), that must never leak.
+SECRET = "rlctl-curve-v1:Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID:server=Q3[kZ}v7-f!u$rH9Aa1&gT)pXe*QmB"
+
+
+def rlctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI (`python -m rlctl ARGS`) as a user would."""
+    return subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, "COLUMNS": "250", **(env or {})})
+
+
+def apex_job(**sections) -> JobSpec:
+    """jobs/apex.toml with some section keys overridden: apex_job(topology={"learner_procs": 2})."""
+    data = tomllib.loads(APEX.read_text())
+    for section, values in sections.items():
+        if values is None:
+            data.pop(section, None)
+        elif isinstance(values, list):
+            data[section] = copy.deepcopy(values)
+        else:
+            data.setdefault(section, {}).update(values)
+    return validate_job(data, "apex-variant.toml")
+
+
+def plan_of(spec: JobSpec, base: int = BASE, keys: str = SECRET) -> LaunchPlan:
+    return make_plan(spec, RUN_ID, RUN_DIR, base, python=PY, keys_env=keys)
+
+
+def by_name(p: LaunchPlan) -> dict:
+    return {x.name: x for x in p.processes}
+
+
+def bind_ports(p: LaunchPlan) -> list[int]:
+    return [int(ep.rsplit(":", 1)[1]) for x in p.processes for ep in x.binds.values()]
+
+
+def endpoint_ports(p: LaunchPlan) -> list[int]:
+    ep = p.endpoints
+    addrs = [ep["control"], ep["weights"], ep["rendezvous"]]
+    addrs += [a for r in ep["replay"] for a in (r["experience"], r["sample"])]
+    return [int(a.rsplit(":", 1)[1]) for a in addrs]
+
+
+def arg_after(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+REMOTE_JOB = '''
+[job]
+name = "multi"
+seed = 5
+
+[env]
+id = "CartPole-v1"
+
+[algorithm]
+name = "apex"
+
+[topology]
+learner_procs = 2
+
+[network]
+base_port = 42000
+
+[[hosts]]
+name = "head"
+address = "localhost"
+advertise_address = "192.168.1.10"
+learner = true
+replay_shards = 2
+evaluator = true
+
+[[hosts]]
+name = "gpu-box"
+address = "10.0.0.5"
+user = "rl"
+port = 2222
+identity_file = "~/.ssh/id_ed25519"
+python = "/opt/venv/bin/python"
+workdir = "/srv/rl work"
+collectors = 3
+env = { OMP_NUM_THREADS = "2", DATA = "it's \\"quoted\\"" }
+
+[[hosts]]
+name = "cpu-box"
+collectors = 2
+'''
+
+
+@pytest.fixture
+def remote_spec(tmp_path) -> JobSpec:
+    path = tmp_path / "multi.toml"
+    path.write_text(REMOTE_JOB)
+    return load_job(path)
+
+
+# ---------------------------------------------------------------------------------------------- local job
+
+
+def test_apex_processes_in_order():
+    spec = load_job(APEX)
+    p = plan_of(spec)
+    n = spec.topology.collectors
+    assert [x.name for x in p.processes] == ["replay-0", "learner-0", "evaluator-0"] + [f"collector-{i}" for i in range(n)]
+    assert [(x.role, x.rank) for x in p.processes] == (
+        [("replay", 0), ("learner", 0), ("evaluator", 0)] + [("collector", i) for i in range(n)])
+    assert {x.host for x in p.processes} == {"localhost"}
+    assert [x.name for x in p.processes if x.critical] == ["replay-0", "learner-0"]
+    assert all(x.critical == (x.role in CRITICAL_ROLES) for x in p.processes)
+    assert p.job == "apex-cartpole" and p.algorithm == "apex"
+    assert p.run_id == RUN_ID and p.run_dir == RUN_DIR and p.base_port == BASE
+    assert [h["name"] for h in p.hosts] == ["localhost"] and p.hosts[0]["local"] is True
+
+
+def test_apex_argv():
+    spec = load_job(APEX)
+    procs = by_name(plan_of(spec))
+    learner = procs["learner-0"].argv
+    assert learner[:3] == [PY, "-m", "torch.distributed.run"]
+    assert learner[-2:] == ["-m", "rlctl.roles.learner"]
+    assert arg_after(learner, "--nproc-per-node") == str(spec.topology.learner_procs)
+    assert arg_after(learner, "--nnodes") == "1"
+    assert arg_after(learner, "--rdzv-id") == RUN_ID
+    assert arg_after(learner, "--rdzv-endpoint") == plan_of(spec).endpoints["rendezvous"]
+    assert procs["replay-0"].argv == [PY, "-m", "rlctl.roles.replay"]
+    assert procs["evaluator-0"].argv == [PY, "-m", "rlctl.roles.evaluator"]
+    for i in range(spec.topology.collectors):
+        assert procs[f"collector-{i}"].argv == [PY, "-m", "rlctl.roles.collector"]
+
+
+def test_local_python_defaults_to_host_python():
+    p = make_plan(load_job(APEX), RUN_ID, RUN_DIR, BASE)
+    assert all(x.argv[0] == "python3" for x in p.processes)
+
+
+def test_local_job_binds_loopback_only():
+    p = plan_of(load_job(APEX))
+    assert p.bind_host == "127.0.0.1"
+    binds = [ep for x in p.processes for ep in x.binds.values()]
+    assert binds, "no process binds anything"
+    for ep in binds:
+        assert ep.startswith(("tcp://127.0.0.1:", "127.0.0.1:")), ep
+    ep = p.endpoints
+    assert ep["control"].startswith("tcp://127.0.0.1:")
+    assert ep["weights"].startswith("tcp://127.0.0.1:")
+    assert ep["rendezvous"].startswith("127.0.0.1:")
+    assert all(r["experience"].startswith("tcp://127.0.0.1:") for r in ep["replay"])
+    procs = by_name(p)
+    assert set(procs["replay-0"].binds) == {"experience", "sample"}
+    assert set(procs["learner-0"].binds) == {"weights", "rendezvous"}
+    assert procs["collector-0"].binds == {} and procs["evaluator-0"].binds == {}
+
+
+def test_process_environment():
+    p = plan_of(load_job(APEX))
+    for x in p.processes:
+        env = x.env
+        assert env["RLCTL_ROLE"] == x.role
+        assert env["RLCTL_RANK"] == str(x.rank)
+        assert env["RLCTL_HOST"] == x.host
+        assert env["RLCTL_RUN_ID"] == RUN_ID
+        assert env["RLCTL_JOB"] == f"{RUN_DIR}/job.toml"
+        assert env["RLCTL_CHECKPOINT_DIR"] == f"{RUN_DIR}/checkpoints"
+        assert json.loads(env["RLCTL_ENDPOINTS"]) == p.endpoints
+        assert json.loads(env["RLCTL_BINDS"]) == x.binds
+        assert env["RLCTL_CURVE_KEYS"] == SECRET
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+
+
+def test_secrets_masked_in_dict_and_json():
+    p = plan_of(load_job(APEX))
+    assert "RLCTL_CURVE_KEYS" in SECRET_ENV
+    text = p.to_json()
+    assert SECRET not in text
+    assert SECRET[15:35] not in text
+    data = json.loads(text)
+    assert data == p.to_dict()
+    for proc in data["processes"]:
+        assert proc["env"]["RLCTL_CURVE_KEYS"] == SECRET_MASK
+    assert SECRET not in json.dumps(p.to_dict())
+    # Masking copies: the plan itself keeps the real value, and unmasked output has it.
+    assert all(x.env["RLCTL_CURVE_KEYS"] == SECRET for x in p.processes)
+    assert SECRET in p.to_json(mask_secrets=False)
+    assert all(proc["env"]["RLCTL_CURVE_KEYS"] == SECRET for proc in p.to_dict(mask_secrets=False)["processes"])
+
+
+def test_default_keys_env_is_masked_value():
+    p = make_plan(load_job(APEX), RUN_ID, RUN_DIR, BASE)
+    assert all(x.env["RLCTL_CURVE_KEYS"] == SECRET_MASK for x in p.processes)
+
+
+# ---------------------------------------------------------------------------------------------- purity, sizes, ports
+
+
+def test_plan_is_pure():
+    a = plan_of(load_job(APEX)).to_json()
+    b = plan_of(load_job(APEX)).to_json()
+    assert a == b
+    spec = load_job(APEX)
+    assert plan_of(spec) == plan_of(spec)
+    assert plan_of(spec, base=BASE + 100).to_json() != a
+    assert make_plan(spec, "other-20250101-000000", RUN_DIR, BASE).to_json() != a
+
+
+def test_learner_procs_sets_replay_shards_by_default():
+    spec = apex_job(topology={"learner_procs": 2})
+    assert spec.replay_shard_count == 2
+    p = plan_of(spec)
+    names = [x.name for x in p.processes]
+    assert names[:3] == ["replay-0", "replay-1", "learner-0"]
+    assert [x.name for x in p.processes if x.role == "learner"] == ["learner-0"]  # one node, 2 procs
+    assert arg_after(by_name(p)["learner-0"].argv, "--nproc-per-node") == "2"
+    assert len(p.endpoints["replay"]) == 2
+
+
+def test_explicit_replay_shards():
+    spec = apex_job(topology={"learner_procs": 2, "replay_shards": 3})
+    p = plan_of(spec)
+    replays = [x for x in p.processes if x.role == "replay"]
+    assert [x.name for x in replays] == ["replay-0", "replay-1", "replay-2"]
+    assert len(p.endpoints["replay"]) == 3
+    experience = [json.loads(x.env["RLCTL_BINDS"])["experience"] for x in replays]
+    assert len(set(experience)) == 3
+
+
+def test_no_evaluator_and_no_collectors():
+    p = plan_of(apex_job(topology={"evaluator": False, "collectors": 0}))
+    assert [x.name for x in p.processes] == ["replay-0", "learner-0"]
+
+
+def test_many_collectors():
+    p = plan_of(apex_job(topology={"collectors": 7}))
+    assert [x.name for x in p.processes if x.role == "collector"] == [f"collector-{i}" for i in range(7)]
+
+
+@pytest.mark.parametrize("topology", [{}, {"learner_procs": 2}, {"replay_shards": 3}, {"replay_shards": 5, "collectors": 9}])
+def test_ports_distinct_and_in_range(topology):
+    spec = apex_job(topology=topology)
+    p = plan_of(spec)
+    need = ports_needed(spec)
+    binds = bind_ports(p)
+    eps = endpoint_ports(p)
+    assert len(binds) == len(set(binds)), binds
+    assert len(eps) == len(set(eps)), eps
+    assert len(eps) <= need  # the range may hold spares
+    for port in binds + eps:
+        assert BASE <= port < BASE + need
+    assert p.ports() == sorted(set(binds))
+    assert set(binds) <= set(eps)
+
+
+def test_choose_base_port_uses_configured_port():
+    spec = apex_job(network={"base_port": 45000})
+    assert choose_base_port(spec) == 45000
+    assert plan_of(spec, base=choose_base_port(spec)).base_port == 45000
+
+
+def test_choose_base_port_default():
+    spec = load_job(APEX)
+    assert default_base_port(spec) == default_base_port(load_job(APEX))
+    base = choose_base_port(spec)
+    assert 20000 <= base < 52000 and (base - 20000) % 16 == 0
+    assert base + ports_needed(spec) <= 65536
+
+
+def test_placement_without_hosts():
+    spec = apex_job(topology={"learner_procs": 2, "collectors": 4, "evaluator": False})
+    (host,) = placement(spec)
+    assert host.is_local and host.learner and not host.evaluator
+    assert host.collectors == 4 and host.replay_shards == 2
+
+
+# ---------------------------------------------------------------------------------------------- [[hosts]] and SSH
+
+
+def test_remote_plan_processes(remote_spec):
+    p = plan_of(remote_spec, base=choose_base_port(remote_spec))
+    assert p.base_port == 42000
+    hosts = {x.name: x.host for x in p.processes}
+    assert hosts == {
+        "replay-0": "head", "replay-1": "head", "learner-0": "head", "evaluator-0": "head",
+        "collector-0": "gpu-box", "collector-1": "gpu-box", "collector-2": "gpu-box",
+        "collector-3": "cpu-box", "collector-4": "cpu-box",
+    }
+    assert [x.name for x in p.processes][:4] == ["replay-0", "replay-1", "learner-0", "evaluator-0"]
+    assert arg_after(by_name(p)["learner-0"].argv, "--nproc-per-node") == "2"
+    rows = {h["name"]: h for h in p.hosts}
+    assert rows["head"]["local"] is True and rows["gpu-box"]["local"] is False
+    assert rows["gpu-box"]["destination"] == "10.0.0.5" and rows["cpu-box"]["destination"] == "cpu-box"
+
+
+def test_remote_binds_not_loopback(remote_spec):
+    p = plan_of(remote_spec)
+    assert p.bind_host != "127.0.0.1"
+    binds = [ep for x in p.processes for ep in x.binds.values()]
+    assert binds
+    assert not any("127.0.0.1" in ep for ep in binds), binds
+    # Others reach the head at its advertised address.
+    assert p.endpoints["weights"].startswith("tcp://192.168.1.10:")
+    assert p.endpoints["rendezvous"].startswith("192.168.1.10:")
+    assert all(r["experience"].startswith("tcp://192.168.1.10:") for r in p.endpoints["replay"])
+
+
+def test_local_hosts_in_multi_host_job_run_directly(remote_spec):
+    procs = by_name(plan_of(remote_spec))
+    assert procs["replay-0"].argv == [PY, "-m", "rlctl.roles.replay"]
+    assert procs["learner-0"].argv[:3] == [PY, "-m", "torch.distributed.run"]
+
+
+def test_ssh_argv_for_remote_host(remote_spec):
+    procs = by_name(plan_of(remote_spec))
+    for name in ("collector-0", "collector-1", "collector-2"):
+        x = procs[name]
+        argv = x.argv
+        assert argv[:3] == ["ssh", "-o", "BatchMode=yes"]
+        assert arg_after(argv, "-p") == "2222"
+        assert arg_after(argv, "-i") == "~/.ssh/id_ed25519"
+        assert arg_after(argv, "-l") == "rl"
+        sep = argv.index("--")
+        assert argv[sep - 1] == "10.0.0.5"
+        assert len(argv) == sep + 2, "the remote command must be one word for ssh"
+        remote = shlex.split(argv[-1])
+        assert remote[:4] == ["cd", "/srv/rl work", "&&", "exec"]
+        assert remote[4] == "env"
+        assert remote[-3:] == ["/opt/venv/bin/python", "-m", "rlctl.roles.collector"]
+        assignments = dict(a.split("=", 1) for a in remote[5:-3])
+        assert assignments["RLCTL_ROLE"] == "collector"
+        assert assignments["RLCTL_RANK"] == name.split("-")[1]
+        assert assignments["RLCTL_HOST"] == "gpu-box"
+        assert assignments["OMP_NUM_THREADS"] == "2"  # the host's env wins over the default
+        assert assignments["DATA"] == 'it\'s "quoted"'
+        assert json.loads(assignments["RLCTL_ENDPOINTS"]) == plan_of(remote_spec).endpoints
+        assert "RLCTL_CURVE_KEYS" not in assignments
+        assert x.env["RLCTL_CURVE_KEYS"] == SECRET  # it travels out of band (stdin), not on the command line
+
+
+def test_ssh_argv_minimal_host(remote_spec):
+    procs = by_name(plan_of(remote_spec))
+    argv = procs["collector-3"].argv
+    assert argv[:3] == ["ssh", "-o", "BatchMode=yes"]
+    for flag in ("-p", "-i", "-l"):
+        assert flag not in argv
+    assert argv[argv.index("--") - 1] == "cpu-box"
+    remote = shlex.split(argv[-1])
+    assert remote[:2] == ["exec", "env"]  # no workdir: no cd
+    assert remote[-3:] == ["python3", "-m", "rlctl.roles.collector"]
+
+
+def test_secret_never_on_any_command_line(remote_spec):
+    p = plan_of(remote_spec)
+    for x in p.processes:
+        joined = "\0".join(x.argv)
+        assert SECRET not in joined
+        assert "RLCTL_CURVE_KEYS" not in joined
+    assert SECRET not in p.to_json()
+
+
+def test_launcher_selection(remote_spec):
+    kinds = {h.name: launcher_for(h).remote for h in remote_spec.hosts}
+    assert kinds == {"head": False, "gpu-box": True, "cpu-box": True}
+    host = remote_spec.hosts[1]
+    assert SSHLauncher().ssh_prefix(host)[-1] == "10.0.0.5"
+
+
+def test_remote_plan_is_pure(remote_spec):
+    assert plan_of(remote_spec).to_json() == plan_of(remote_spec).to_json()
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_run_refuses_remote_hosts(tmp_path):
+    job = tmp_path / "multi.toml"
+    job.write_text(REMOTE_JOB)
+    runs = tmp_path / "runs"
+    proc = rlctl("run", str(job), "--runs-dir", str(runs))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out
+    assert "gpu-box" in out and "cpu-box" in out
+    assert "remote" in out.lower() or "ssh" in out.lower()
+    assert not runs.exists() or not any(runs.iterdir()), "a run folder was created"
+
+
+def test_cli_plan_text(tmp_path):
+    runs = tmp_path / "runs"
+    proc = rlctl("plan", "jobs/apex.toml", "--runs-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("torch.distributed.run", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
+                   "rlctl.roles.learner", "replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"):
+        assert needle in out, needle
+    assert "Traceback" not in proc.stderr
+    assert not runs.exists(), "plan must not create anything"
+
+
+def test_cli_plan_json(tmp_path):
+    proc = rlctl("plan", "--json", "jobs/apex.toml", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [x["name"] for x in data["processes"]] == ["replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"]
+    assert data["bind_host"] == "127.0.0.1"
+    assert data["run_dir"].startswith(str(tmp_path / "runs"))
+    for x in data["processes"]:
+        for key in SECRET_ENV:
+            assert x["env"][key] == SECRET_MASK
+        assert x["env"]["RLCTL_ROLE"] == x["role"]
+    learner = next(x for x in data["processes"] if x["role"] == "learner")
+    assert "torch.distributed.run" in learner["argv"] and learner["argv"][-1] == "rlctl.roles.learner"
+
+
+def test_cli_plan_remote_job_shows_ssh(tmp_path):
+    job = tmp_path / "multi.toml"
+    job.write_text(REMOTE_JOB)
+    proc = rlctl("plan", "--json", str(job), "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    collectors = [x for x in data["processes"] if x["role"] == "collector"]
+    assert len(collectors) == 5 and all(x["argv"][0] == "ssh" for x in collectors)
+    assert data["base_port"] == 42000
+
+
+def test_cli_plan_bad_job(tmp_path):
+    job = tmp_path / "bad.toml"
+    job.write_text(APEX.read_text().replace("[replay]", "[replay]\nalhpa = 1"))
+    proc = rlctl("plan", str(job))
+    assert proc.returncode == 2
+    assert "replay.alhpa" in proc.stderr and "Traceback" not in proc.stderr

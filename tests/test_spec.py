@@ -1,0 +1,548 @@
+"""Tests for rlctl.spec: loading, error reporting, TOML round trips, and fuzzing of the job schema."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import math
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from rlctl import spec as spec_mod
+from rlctl.spec import JobFileError, JobSpec, dumps_toml, load_job, resolved_dict, validate_job
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
+
+
+def rlctl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI (`python -m rlctl ARGS`) as a user would."""
+    return subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd or REPO, env={**os.environ, "COLUMNS": "200"})
+
+
+def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+MINIMAL = """
+[job]
+name = "t"
+[env]
+id = "CartPole-v1"
+[algorithm]
+name = "apex"
+"""
+
+# A job exercising every serialization corner: escapes, nested kwargs, lists of tables, [[hosts]] with env maps.
+RICH = r'''
+[job]
+name = "rich.job_1"
+seed = 7
+
+[job.stop]
+env_steps = 100000
+train_return = 195.5
+
+[env]
+id = "my_pkg.envs:make_env"
+max_episode_steps = 500
+vectorization = "sync"
+
+[env.kwargs]
+title = "quote \" backslash \\ tab	 newline \n cr \r bell \u0007 del \u007f unicode é ☃ 😀"
+"key with spaces" = "v"
+"dotted.key" = 1
+sizes = [1, 2, 3]
+ratios = [0.5, -2.0e-3, 1e300]
+flags = [true, false]
+mixed = [[1, 2], ["a", "b"], [], [{ deep = "x" }]]
+empty = {}
+nested = { a = { b = [1.5, -2.0], c = "x" }, "q\"k" = true }
+list_of_tables = [{ x = 1 }, { y = "z", sub = { w = [] } }]
+
+[algorithm]
+name = "apex"
+gamma = 0.95
+lr = 2.5e-4
+
+[model]
+hidden = [256, 128, 64]
+activation = "tanh"
+
+[topology]
+learner_procs = 2
+
+[network]
+base_port = 41000
+
+[[hosts]]
+name = "head"
+address = "localhost"
+learner = true
+replay_shards = 2
+evaluator = true
+env = { CUDA_VISIBLE_DEVICES = "0,1", WEIRD = "a b \"c\" $HOME\n", "dotted.name" = "ok" }
+
+[[hosts]]
+name = "worker-1"
+address = "10.0.0.5"
+user = "rl"
+port = 2222
+identity_file = "~/.ssh/id_ed25519"
+python = "/opt/venv/bin/python"
+workdir = "/srv/rl work"
+collectors = 4
+env = {}
+'''
+
+
+# ---------------------------------------------------------------------------------------------- shipped jobs
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_shipped_job_loads(path):
+    spec = load_job(path)
+    assert isinstance(spec, JobSpec)
+    assert spec.env.id
+    assert spec.algorithm.name in spec_mod.ALGORITHMS
+
+
+def test_shipped_jobs_exist():
+    assert any(p.name == "apex.toml" for p in JOB_FILES)
+
+
+def test_cli_validate_shipped_jobs():
+    proc = rlctl("validate", *[str(p.relative_to(REPO)) for p in JOB_FILES])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    for p in JOB_FILES:
+        assert any(str(p.relative_to(REPO)) in line and "OK" in line for line in lines), proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_apex_values():
+    spec = load_job(REPO / "jobs" / "apex.toml")
+    assert spec.job.name == "apex-cartpole"
+    assert spec.env.id == "CartPole-v1"
+    assert spec.algorithm.name == "apex"
+    assert spec.replay.capacity == 50000
+    assert spec.topology.collectors == 2
+    assert spec.replay.alpha == 0.6  # default filled in
+    assert spec.collector_count == 2 and spec.learner_ranks == 1 and spec.replay_shard_count == 1
+
+
+def test_minimal_job_gets_defaults(tmp_path):
+    spec = load_job(write(tmp_path, MINIMAL))
+    assert spec.model == spec_mod.ModelSpec()
+    assert spec.topology.learner_procs == 1
+    assert spec.hosts == []
+
+
+# ---------------------------------------------------------------------------------------------- error reports
+
+
+BAD_CASES = {
+    # id: (TOML text, key path, reason fragment)
+    "unknown-key": (MINIMAL + "[replay]\nalhpa = 0.5\n", "replay.alhpa", "did you mean 'alpha'"),
+    "unknown-top-section": (MINIMAL + "[replya]\nalpha = 0.5\n", "replya", "did you mean 'replay'"),
+    "unknown-algo-key": (MINIMAL + "gama = 0.9\n", "algorithm.gama", "did you mean 'gamma'"),
+    "wrong-type-str-for-float": (MINIMAL + "[replay]\nalpha = \"0.5\"\n", "replay.alpha", "valid number"),
+    "wrong-type-float-for-int": (MINIMAL + "[replay]\ncapacity = 10.0\n", "replay.capacity", "valid integer"),
+    "wrong-type-list": (MINIMAL + "[model]\nhidden = 64\n", "model.hidden", "valid list"),
+    "out-of-range": (MINIMAL + "[replay]\nalpha = 2\n", "replay.alpha", "less than or equal to 1"),
+    "out-of-range-negative": (MINIMAL + "[topology]\ncollectors = -1\n", "topology.collectors", "greater than or equal"),
+    "nan": (MINIMAL + "[replay]\nalpha = nan\n", "replay.alpha", "finite"),
+    "inf": (MINIMAL + "[job.stop]\nwall_s = inf\n", "job.stop.wall_s", "finite"),
+    "unknown-algorithm": (MINIMAL.replace('"apex"', '"ppo"'), "algorithm", "unknown algorithm 'ppo'"),
+    "algorithm-without-name": (MINIMAL.replace('name = "apex"', "gamma = 0.9"), "algorithm", "missing key 'name'"),
+    "missing-env": (MINIMAL.replace('[env]\nid = "CartPole-v1"\n', ""), "env", "required key is missing"),
+    "missing-env-id": (MINIMAL.replace('id = "CartPole-v1"', "envs_per_collector = 2"), "env.id", "required"),
+    "bad-job-name": (MINIMAL.replace('name = "t"', 'name = "has space"'), "job.name", "pattern"),
+    "bad-literal": (MINIMAL + "[model]\nactivation = \"gelu\"\n", "model.activation", "'relu'"),
+    "duplicate-hosts": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\n[[hosts]]\nname = "a"\n',
+                        "hosts[1].name", "unique"),
+    "collectors-with-hosts": (MINIMAL + '[topology]\ncollectors = 3\n[[hosts]]\nname = "a"\nlearner = true\n'
+                              'replay_shards = 1\n', "topology.collectors", "per host"),
+    "no-learner-host": (MINIMAL + '[[hosts]]\nname = "a"\nreplay_shards = 1\n', "hosts", "learner = true"),
+    "no-replay-host": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\n', "hosts", "replay_shards"),
+    "bad-host-key": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\nadress = "x"\n',
+                     "hosts[0].adress", "did you mean 'address'"),
+    "bad-host-port": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\nport = 70000\n',
+                      "hosts[0].port", "less than or equal to 65535"),
+    "host-env-not-str": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\nenv = { X = 1 }\n',
+                         "hosts[0].env.X", "valid string"),
+    "hosts-not-array": (MINIMAL + '[hosts]\nname = "a"\n', "hosts", "valid list"),
+    "toml-syntax": (MINIMAL + "[replay\nalpha = 0.5\n", "", "not valid TOML"),
+    "toml-duplicate-key": (MINIMAL + "[replay]\nalpha = 0.5\nalpha = 0.6\n", "", "not valid TOML"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_error_names_file_key_and_reason(tmp_path, case):
+    text, key, fragment = BAD_CASES[case]
+    path = write(tmp_path, text, f"{case}.toml")
+    with pytest.raises(JobFileError) as info:
+        load_job(path)
+    err = info.value
+    assert err.path == str(path)
+    assert err.problems, "no problems listed"
+    matching = [reason for k, reason in err.problems if k == key]
+    assert matching, f"no problem at key {key!r}: {err.problems}"
+    assert any(fragment in reason for reason in matching), err.problems
+    for k, reason in err.problems:
+        assert isinstance(k, str) and isinstance(reason, str) and reason.strip()
+    rendered = err.render()
+    assert str(path) in rendered and fragment in rendered
+    if key:
+        assert f"{key}: " in rendered
+    assert str(err) == rendered
+
+
+def test_errors_are_all_reported_at_once(tmp_path):
+    path = write(tmp_path, MINIMAL + "[replay]\nalpha = 2\nbeta = \"x\"\nalhpa = 1\n")
+    with pytest.raises(JobFileError) as info:
+        load_job(path)
+    keys = {k for k, _ in info.value.problems}
+    assert {"replay.alpha", "replay.beta", "replay.alhpa"} <= keys
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(JobFileError) as info:
+        load_job(path)
+    assert info.value.path == str(path)
+    assert "not found" in info.value.render()
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(JobFileError, match="cannot read"):
+        load_job(tmp_path)  # a directory
+    bad_utf8 = tmp_path / "latin1.toml"
+    bad_utf8.write_bytes(b'[job]\nname = "caf\xe9"\n')
+    with pytest.raises(JobFileError, match="cannot read"):
+        load_job(bad_utf8)
+
+
+def test_validate_job_default_path_and_custom_path():
+    with pytest.raises(JobFileError) as info:
+        validate_job({"job": {"name": "x"}})
+    assert info.value.path == "<job>"
+    with pytest.raises(JobFileError) as info:
+        validate_job({}, "somewhere.toml")
+    assert info.value.render().startswith("somewhere.toml:")
+    assert {k for k, _ in info.value.problems} >= {"job", "env", "algorithm"}
+
+
+@pytest.mark.parametrize("case", ["unknown-key", "nan", "duplicate-hosts", "toml-syntax", "unknown-algorithm"])
+def test_cli_validate_bad_file_exits_2_without_traceback(tmp_path, case):
+    text, key, fragment = BAD_CASES[case]
+    path = write(tmp_path, text, "bad.toml")
+    proc = rlctl("validate", str(path))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert str(path) in proc.stderr
+    assert fragment in proc.stderr
+    if key:
+        assert key in proc.stderr
+
+
+def test_cli_validate_mixed_files(tmp_path):
+    good = write(tmp_path, MINIMAL, "good.toml")
+    bad = write(tmp_path, MINIMAL + "[replay]\nalpha = 2\n", "bad.toml")
+    missing = tmp_path / "missing.toml"
+    proc = rlctl("validate", str(good), str(bad), str(missing))
+    assert proc.returncode == 2
+    assert f"{good}: OK" in proc.stdout
+    assert str(bad) in proc.stderr and "replay.alpha" in proc.stderr
+    assert str(missing) in proc.stderr and "not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- round trips
+
+
+def roundtrip(spec: JobSpec) -> JobSpec:
+    text = dumps_toml(resolved_dict(spec))
+    return validate_job(tomllib.loads(text))
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: p.name)
+def test_roundtrip_shipped_jobs(path):
+    spec = load_job(path)
+    assert roundtrip(spec) == spec
+    # The resolved job is a fixed point of the serializer.
+    text = dumps_toml(resolved_dict(spec))
+    assert dumps_toml(resolved_dict(validate_job(tomllib.loads(text)))) == text
+
+
+def test_roundtrip_rich_job(tmp_path):
+    spec = load_job(write(tmp_path, RICH))
+    kwargs = spec.env.kwargs
+    assert "\r" in kwargs["title"] and "\u0007" in kwargs["title"] and '"' in kwargs["title"]
+    assert kwargs["list_of_tables"][1]["sub"] == {"w": []}
+    assert spec.hosts[0].env["WEIRD"] == 'a b "c" $HOME\n'
+    again = roundtrip(spec)
+    assert again == spec
+    assert again.env.kwargs == kwargs
+    assert [h.env for h in again.hosts] == [h.env for h in spec.hosts]
+
+
+def test_resolved_dict_fills_defaults_and_drops_none():
+    spec = load_job(REPO / "jobs" / "apex.toml")
+    data = resolved_dict(spec)
+    assert data["replay"]["alpha"] == 0.6
+    assert "hosts" not in data
+    assert "env_steps" not in data["job"]["stop"]  # None dropped
+    assert "max_episode_steps" not in data["env"]
+
+
+@pytest.mark.parametrize("value", [
+    "plain", "", "tab\there", "new\nline", "cr\rlf\r\n", "nul\x00", "esc\x1b[0m", "del\x7f", "\\", '"', "'''",
+    "\u2028\u00e9\U0001f600", "\x08\x0c\x0b",
+])
+def test_dumps_toml_string_escapes(value):
+    data = {"s": value, value: {"k": [value]}, "t": [{"x": value}]}
+    assert tomllib.loads(dumps_toml(data)) == data
+
+
+def test_dumps_toml_special_floats():
+    data = {"a": math.inf, "b": -math.inf, "c": -0.0, "d": 1e-300, "e": 1.5e300, "f": 10**30}
+    assert tomllib.loads(dumps_toml(data)) == data
+    assert math.isnan(tomllib.loads(dumps_toml({"n": math.nan}))["n"])
+
+
+def test_dumps_toml_rejects_unserializable():
+    with pytest.raises(TypeError):
+        dumps_toml({"x": object()})
+
+
+# ---------------------------------------------------------------------------------------------- property-based
+
+
+def _schema_keys() -> list[str]:
+    """Every key name the schema knows (section names, field names), plus the algorithm tag."""
+    seen: set[str] = set()
+    todo: list[type[BaseModel]] = [JobSpec, spec_mod.ApexSpec]
+    done: set[type] = set()
+    while todo:
+        model = todo.pop()
+        if model in done:
+            continue
+        done.add(model)
+        for name, field in model.model_fields.items():
+            seen.add(name)
+            for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                for inner in (arg, *getattr(arg, "__args__", ())):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        todo.append(inner)
+    return sorted(seen | set(spec_mod.ALGORITHMS))
+
+
+SCHEMA_KEYS = _schema_keys()
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+KEYS = st.one_of(st.sampled_from(SCHEMA_KEYS), st.sampled_from(SCHEMA_KEYS).map(lambda k: k + "x"), TEXT)
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=-3, max_value=70000),
+    FLOATS,
+    TEXT,
+    st.sampled_from(["apex", "CartPole-v1", "auto", "relu", "mlp", "local", "cpu", "localhost", "10.0.0.5"]),
+)
+TOML_VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(KEYS, inner, max_size=4)),
+    max_leaves=16,
+)
+# TOML also has dates and times; tomllib returns them as datetime objects (dumps_toml does not write them).
+DATES = st.one_of(st.dates(), st.times(), st.datetimes(), st.datetimes(timezones=st.just(dt.timezone.utc)))
+ANY_VALUES = st.one_of(TOML_VALUES, DATES)
+
+
+def assert_spec_or_job_error(data) -> JobSpec | None:
+    """validate_job must return a JobSpec or raise JobFileError with non-empty reasons; nothing else."""
+    try:
+        spec = validate_job(data, "fuzz.toml")
+    except JobFileError as exc:
+        assert exc.problems
+        for key, reason in exc.problems:
+            assert isinstance(key, str)
+            assert isinstance(reason, str) and reason.strip(), exc.problems
+        assert exc.render().startswith("fuzz.toml: ")
+        return None
+    assert isinstance(spec, JobSpec)
+    # Anything accepted can be written back out and is accepted again.
+    text = dumps_toml(resolved_dict(spec))
+    assert isinstance(validate_job(tomllib.loads(text)), JobSpec)
+    return spec
+
+
+def _has_nan(value) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, dict):
+        return any(_has_nan(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_nan(v) for v in value)
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=st.dictionaries(KEYS, TOML_VALUES, max_size=6))
+def test_fuzz_random_toml_documents(doc):
+    text = dumps_toml(doc)
+    parsed = tomllib.loads(text)
+    if not _has_nan(doc):
+        assert parsed == doc  # the writer is faithful
+    assert_spec_or_job_error(parsed)
+
+
+# Job-shaped documents: real section names holding dicts of real (or near) field names.
+SECTION_DOCS = st.dictionaries(
+    st.sampled_from(["job", "env", "algorithm", "model", "replay", "topology", "evaluator", "logging", "network"]),
+    st.dictionaries(KEYS, TOML_VALUES, max_size=5),
+    max_size=9,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=SECTION_DOCS, hosts=st.lists(st.dictionaries(KEYS, TOML_VALUES, max_size=5), max_size=3))
+def test_fuzz_job_shaped_documents(doc, hosts):
+    if hosts:
+        doc = {**doc, "hosts": hosts}
+    assert_spec_or_job_error(tomllib.loads(dumps_toml(doc)))
+
+
+def _base_jobs() -> list[dict]:
+    jobs = [tomllib.loads(p.read_text()) for p in JOB_FILES]
+    jobs.append(tomllib.loads(RICH))
+    jobs.append(tomllib.loads(MINIMAL))
+    return jobs
+
+
+BASE_JOBS = _base_jobs()
+
+
+def _paths(node, prefix=()):
+    """Every (container, key) location in a parsed document: dict keys and list indices."""
+    out = []
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for k, v in items:
+        out.append(prefix + (k,))
+        if isinstance(v, (dict, list)):
+            out.extend(_paths(v, prefix + (k,)))
+    return out
+
+
+def _dicts(node, prefix=()):
+    """Paths of every dict (table) in a document, the root included."""
+    out = [prefix] if isinstance(node, dict) else []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+    for k, v in items:
+        out.extend(_dicts(v, prefix + (k,)))
+    return out
+
+
+def _get(node, path):
+    for k in path:
+        node = node[k]
+    return node
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, (dt.date, dt.time)):
+        return "date"
+    return type(value).__name__
+
+
+def _mutate(data, draw) -> None:
+    op = draw(st.sampled_from(["delete", "retype", "rename", "add", "deep"]))
+    paths = _paths(data)
+    if op in ("delete", "retype", "rename") and paths:
+        path = draw(st.sampled_from(paths))
+        parent = _get(data, path[:-1])
+        key = path[-1]
+        if op == "delete":
+            del parent[key]
+        elif op == "retype":
+            old = _kind(parent[key])
+            parent[key] = draw(ANY_VALUES.filter(lambda v: _kind(v) != old))
+        elif isinstance(parent, dict):
+            value = parent.pop(key)
+            parent[draw(KEYS)] = value
+        else:
+            parent[key] = draw(ANY_VALUES)
+        return
+    target = _get(data, draw(st.sampled_from(_dicts(data))))
+    value = draw(ANY_VALUES)
+    if op == "deep":
+        for key in reversed(draw(st.lists(KEYS, min_size=1, max_size=4))):
+            value = {key: value}
+    target[draw(KEYS)] = value
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(base=st.sampled_from(range(len(BASE_JOBS))), data=st.data())
+def test_fuzz_mutated_jobs(base, data):
+    doc = copy.deepcopy(BASE_JOBS[base])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        _mutate(doc, data.draw)
+    assert_spec_or_job_error(doc)
+
+
+@pytest.mark.parametrize("index", range(len(BASE_JOBS)))
+def test_fuzz_bases_are_valid(index):
+    assert isinstance(validate_job(copy.deepcopy(BASE_JOBS[index])), JobSpec)
+
+
+TOML_FRAGMENTS = st.sampled_from([
+    "[job]", "[env]", "[algorithm]", "[[hosts]]", "[replay]", "[job.stop]", 'name = "apex"', 'id = "CartPole-v1"',
+    "name = \"x\"", "alpha = 0.5", "alpha = nan", "= 1", "[", "]", '"', "'''", '"""', "key = ", "a.b.c = 1",
+    "x = 1979-05-27T07:32:00Z", "x = [1, 'a', {b = 2}]", "learner = true", "replay_shards = 1", "\\", "\t", "#",
+])
+RAW_TEXT = st.one_of(
+    TEXT,
+    st.lists(st.one_of(TOML_FRAGMENTS, TEXT), max_size=12).map("\n".join),
+    st.lists(TOML_FRAGMENTS, max_size=20).map("\n".join),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=RAW_TEXT)
+def test_fuzz_raw_text_to_load_job(tmp_path, text):
+    path = tmp_path / "raw.toml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        spec = load_job(path)
+    except JobFileError as exc:
+        assert exc.path == str(path)
+        assert exc.problems and all(isinstance(r, str) and r.strip() for _, r in exc.problems)
+        return
+    assert isinstance(spec, JobSpec)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=64))
+def test_fuzz_raw_bytes_to_load_job(tmp_path, raw):
+    path = tmp_path / "raw.toml"
+    path.write_bytes(raw)
+    try:
+        load_job(path)
+    except JobFileError as exc:
+        assert exc.problems and all(r.strip() for _, r in exc.problems)

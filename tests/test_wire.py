@@ -1,0 +1,131 @@
+"""Message framing, keys, and a real replay shard that survives bad bytes and strangers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import small_job
+from rlctl import wire
+
+
+def test_round_trip_is_zero_copy_views_with_header_fields():
+    arrays = {"obs": np.arange(12, dtype=np.float32).reshape(3, 4), "action": np.array([1, 0, 1]),
+              "empty": np.zeros((0, 4), dtype=np.uint8)}
+    frames = wire.encode("experience", "collector-0", 7, {"n": 3}, arrays)
+    msg = wire.decode([bytes(f) for f in frames])
+    assert (msg.kind, msg.sender, msg.version, msg.meta) == ("experience", "collector-0", 7, {"n": 3})
+    for name, arr in arrays.items():
+        np.testing.assert_array_equal(msg.arrays[name], arr)
+        assert msg.arrays[name].dtype == arr.dtype
+    # The sent frames are the arrays' own memory, not copies.
+    assert np.shares_memory(np.frombuffer(frames[1], dtype=np.float32), arrays["obs"])
+
+
+@pytest.mark.parametrize("frames", [
+    [],
+    [b"\xc1"],
+    [msgpack.packb([1, 2, 3])],
+    [msgpack.packb({"k": 1, "s": "", "v": 0, "m": {}, "a": []})],
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "float32", [2]]]})],  # frame missing
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "float32", [2]]]}), b"\x00" * 7],  # size
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "object", [1]]]}), b"\x00" * 8],  # dtype
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "float32", [-1]]]}), b""],  # shape
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": []}), b"extra"],
+    [b"\x80" * (wire.MAX_HEADER_BYTES + 1)],
+])
+def test_malformed_frames_raise_wire_error(frames):
+    with pytest.raises(wire.WireError):
+        wire.decode(frames)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=0, max_size=4))
+def test_random_bytes_never_raise_anything_but_wire_error(frames):
+    try:
+        wire.decode(frames)
+    except wire.WireError:
+        pass
+
+
+def test_keys_travel_as_one_env_string():
+    keys = wire.CurveKeys.generate()
+    assert wire.CurveKeys.from_env(keys.to_env()) == keys
+    with pytest.raises(RuntimeError, match="RLCTL_CURVE_KEYS"):
+        wire.CurveKeys.from_env("nope")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_running(tmp_path):
+    from rlctl.spec import dumps_toml, load_job, resolved_dict
+
+    job = tmp_path / "job.toml"
+    small = small_job(tmp_path)
+    small.write_text(small.read_text().replace("min_size = 200", "min_size = 1"))
+    job.write_text(dumps_toml(resolved_dict(load_job(small))))
+    control_port, exp_port, smp_port = _free_ports(3)
+    keys = wire.CurveKeys.generate()
+    exp_ep, smp_ep = f"tcp://127.0.0.1:{exp_port}", f"tcp://127.0.0.1:{smp_port}"
+    env = {**os.environ, "RLCTL_ROLE": "replay", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
+           "RLCTL_ENDPOINTS": json.dumps({"control": f"tcp://127.0.0.1:{control_port}",
+                                          "replay": [{"experience": exp_ep, "sample": smp_ep}]}),
+           "RLCTL_BINDS": json.dumps({"experience": exp_ep, "sample": smp_ep}), wire.KEYS_ENV: keys.to_env()}
+    net = wire.SecureContext(keys)
+    control = net.server(zmq.ROUTER, f"tcp://127.0.0.1:{control_port}")
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl.roles.replay"], env=env)
+    stranger = wire.SecureContext(wire.CurveKeys.generate())
+    try:
+        push = net.client(zmq.PUSH, exp_ep)
+        good = {"obs": np.zeros((5, 4), np.float32), "action": np.zeros(5, np.int64),
+                "reward": np.ones(5, np.float32), "priority": np.ones(5, np.float32)}
+        push.send_multipart([b"not msgpack at all"])
+        push.send_multipart([msgpack.packb({"k": "experience", "s": "x", "v": 0, "m": {}, "a": [["obs", "float32", [5, 4]]]}), b"1"])
+        wire.send(push, "experience", "x", 0, None, {"obs": np.zeros((5, 4), np.float32)})  # no priority
+        wire.send(push, "experience", "x", 0, None, good)
+        wire.send(push, "experience", "x", 0, None, {**good, "reward": np.ones(4, np.float32)})  # ragged
+        wire.send(push, "experience", "x", 0, None, {**good, "obs": np.zeros((5, 3), np.float32)})  # layout changed
+        intruder = stranger.client(zmq.PUSH, exp_ep)
+        wire.send(intruder, "experience", "evil", 0, None, good)
+        deadline, metrics = time.time() + 60, {}
+        while time.time() < deadline:
+            if control.poll(200):
+                _, msg = wire.recv(control, routed=True)
+                metrics = msg.meta.get("metrics") or metrics
+                if metrics.get("net/dropped", 0) >= 5 and metrics.get("net/refused", 0) >= 1:
+                    break
+        assert metrics.get("net/dropped") == 5, metrics
+        assert metrics.get("net/refused", 0) >= 1, metrics
+        assert metrics.get("replay/size") == 5, metrics
+        assert proc.poll() is None, "the shard must keep running"
+        # And it still serves: a learner-style request gets the good batch back.
+        dealer = net.client(zmq.DEALER, smp_ep)
+        wire.send(dealer, "sample", "learner-0", 0, {"n": 3})
+        assert dealer.poll(10000)
+        _, batch = wire.recv(dealer)
+        assert batch.kind == "batch" and batch.arrays["obs"].shape == (3, 4) and "keys" in batch.arrays
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        stranger.close()
+        net.close()
+    assert proc.returncode == 0
