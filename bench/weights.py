@@ -15,6 +15,11 @@ the previous one, plus a short random gap), so each one is measured alone.
 Two networks: jobs/apex.toml's [model] (CartPole net) and a ~10M-parameter QNetwork.
 Targets: median <= 5 ms (small), <= 100 ms (10M).
 
+With --diagnose (or automatically on a miss) the same publishes go to 4 idle subscriber
+processes that PUSH the version back as soon as a message arrives: plain TCP, CURVE, and
+CURVE + load_flat_parameters, which splits the latency into transport, encryption,
+loading, and (the rest) the collectors' own loop and CPU scheduling.
+
 Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...} (medians).
 """
 
@@ -53,8 +58,13 @@ def qnet_params(hidden: list[int], dueling: bool = True) -> "object":
 class Sink:
     """PULL where the replay shard would be: per sender, the newest version seen and when it first appeared."""
 
-    def __init__(self, net: wire.SecureContext, endpoint: str):
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=10000)
+    def __init__(self, net: wire.SecureContext, endpoint: str, curve: bool = True):
+        if curve:
+            self.sock = net.server(zmq.PULL, endpoint, rcvhwm=10000)
+        else:
+            self.sock = net.ctx.socket(zmq.PULL)
+            self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.bind(endpoint)
         self.first_seen: dict[str, dict[int, float]] = {}  # sender -> version -> first arrival
         self.newest: dict[str, int] = {}
         self.messages = 0
@@ -87,8 +97,46 @@ class Sink:
         return min(times) if times else None
 
 
+def child_echo() -> None:
+    """Diagnostic subscriber: SUB as WeightSubscriber does; on each weights message (optionally loaded into a
+    QNetwork with load_flat_parameters) PUSH a header-only message carrying its version to the sink."""
+    import json
+
+    mode = os.environ["RLCTL_BENCH_ECHO"]  # "recv", "load" or "plain" (no CURVE, recv only)
+    endpoints = json.loads(os.environ["RLCTL_ENDPOINTS"])
+    name = f"collector-{os.environ['RLCTL_RANK']}"
+    net = wire.SecureContext(wire.CurveKeys.from_env())
+    if mode == "plain":
+        sub = net.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.RCVHWM, 2)
+        sub.connect(endpoints["weights"])
+        push = net.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(endpoints["replay"][0]["experience"])
+    else:
+        sub = net.client(zmq.SUB, endpoints["weights"], subscribe=b"", rcvhwm=2)
+        push = net.client(zmq.PUSH, endpoints["replay"][0]["experience"], sndhwm=16)
+    model = None
+    if mode == "load":
+        import torch
+
+        from rlctl.models import QNetwork, load_flat_parameters
+        from rlctl.spec import load_job
+
+        torch.set_num_threads(1)
+        job = load_job(os.environ["RLCTL_JOB"])
+        model = QNetwork((4,), 2, job.model.hidden, job.model.activation, job.algorithm.dueling)
+    while True:
+        _, msg = wire.recv(sub)
+        if model is not None:
+            load_flat_parameters(model, msg.arrays["params"])
+        wire.send(push, "experience", name, msg.version)
+
+
 def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, float], timeout_s: float,
-             tmp) -> dict:
+             tmp, echo: str | None = None) -> dict:
+    """Publish `publishes` times to 4 collectors (or, with `echo`, to 4 diagnostic subscribers) and time them."""
     params = qnet_params(hidden)
     job_path = H.write_job(tmp, {"model": {"hidden": hidden}, "topology": {"collectors": N_COLLECTORS},
                                  "algorithm": {"send_batch": 1, "n_step": 1}},
@@ -97,8 +145,15 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
     endpoints, _ = H.make_endpoints(replay_shards=1)
     control = H.ControlRouter(keys, endpoints["control"])
     net = wire.SecureContext(keys)
-    pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)  # as learner rank 0
-    sink = Sink(net, endpoints["replay"][0]["experience"])
+    if echo == "plain":
+        pub = net.ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 2)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(endpoints["weights"])
+        sink = Sink(net, endpoints["replay"][0]["experience"], curve=False)
+    else:
+        pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)  # as learner rank 0
+        sink = Sink(net, endpoints["replay"][0]["experience"])
     names = [f"collector-{r}" for r in range(N_COLLECTORS)]
     procs = []
     version = 0
@@ -118,9 +173,14 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         return False
 
     try:
-        procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp)
-                 for r in range(N_COLLECTORS)]
-        control.wait_hello(names, 120, procs)
+        if echo:
+            procs = [H.Proc(f"echo-{r}", [sys.executable, os.path.abspath(__file__), "--child-echo"],
+                            H.role_env("collector", r, job_path, endpoints, keys, "bench-echo",
+                                       extra={"RLCTL_BENCH_ECHO": echo}), tmp) for r in range(N_COLLECTORS)]
+        else:
+            procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp)
+                     for r in range(N_COLLECTORS)]
+            control.wait_hello(names, 120, procs)
         # Subscriptions propagate asynchronously (slow joiner): republish until every collector acts with one.
         deadline = time.perf_counter() + 120
         while True:
@@ -167,7 +227,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer publishes")
     ap.add_argument("--publishes", type=int, default=None, help="measured publishes per network")
     ap.add_argument("--only", choices=["small", "10m"], default=None)
+    ap.add_argument("--diagnose", action="store_true", help="always run the transport/load breakdown")
+    ap.add_argument("--child-echo", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_echo:
+        child_echo()
+        return
     small_hidden = list(H.load_toml()["model"].get("hidden", [64, 64]))
     cases = [("small", small_hidden, args.publishes or (40 if args.quick else 200), (0.01, 0.03), 2.0),
              ("10m", HIDDEN_10M, args.publishes or (8 if args.quick else 30), (0.05, 0.15), 20.0)]
@@ -188,12 +253,24 @@ def main() -> None:
                                                              r["per_collector_median_ms"].items()) + " ms")
             print(f"        target median <= {target:g} ms: {H.verdict(r['median_ms'], target, higher_is_better=False)}"
                   f"   (sink read {r['sink_messages']} batches, at most {r['sink_max_drain']} per wake-up)")
+            if args.diagnose or not r["median_ms"] <= target:
+                n_diag = max(5, n_pub // 4)
+                print(f"        breakdown ({n_diag} publishes each, 4 idle subscriber processes that PUSH the version "
+                      f"back at once):")
+                for echo, what in (("plain", "transport, plain TCP (no CURVE)"),
+                                   ("recv", "transport, CURVE (as deployed)"),
+                                   ("load", "transport, CURVE + load_flat_parameters")):
+                    d = run_case(label, hidden, n_diag, gap, timeout, tmp, echo=echo)
+                    r.setdefault("breakdown_ms", {})[echo] = d["median_ms"]
+                    print(f"          {what:42s} median {d['median_ms']:8.2f} ms, p90 {d['p90_ms']:8.2f} ms")
     H.emit_json({"bench": "weights",
                  "latency_ms_small": round(out["small"]["median_ms"], 3) if "small" in out else None,
                  "latency_ms_10m": round(out["10m"]["median_ms"], 3) if "10m" in out else None,
                  "p90_ms_small": round(out["small"]["p90_ms"], 3) if "small" in out else None,
                  "p90_ms_10m": round(out["10m"]["p90_ms"], 3) if "10m" in out else None,
-                 "params_10m": out["10m"]["params"] if "10m" in out else None})
+                 "params_10m": out["10m"]["params"] if "10m" in out else None,
+                 **{f"breakdown_ms_{k}": {e: round(v, 3) for e, v in r["breakdown_ms"].items()}
+                    for k, r in out.items() if "breakdown_ms" in r}})
 
 
 if __name__ == "__main__":

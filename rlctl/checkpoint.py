@@ -14,17 +14,18 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be read or used."""
 
 
-def save_checkpoint(directory: str | Path, payload: dict, index: int, keep_every: int) -> Path:
-    """Write `latest.pt` atomically; also keep `ckpt-<index>.pt` for every Kth save."""
+def save_checkpoint(directory: str | Path, payload: dict, name: str = "latest.pt", index: int = 0,
+                    keep_every: int = 0) -> Path:
+    """Write `name` atomically; also keep `ckpt-<index>.pt` when index is a multiple of keep_every."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".latest.pt.{os.getpid()}.tmp"
+    tmp = d / f".{name}.{os.getpid()}.tmp"
     torch.save({"format": FORMAT, **payload}, tmp)
     numbered = d / f"ckpt-{index:06d}.pt"
     if keep_every and index % keep_every == 0 and not numbered.exists():
         os.link(tmp, numbered)  # same bytes, no second write
-    os.replace(tmp, d / "latest.pt")
-    return d / "latest.pt"
+    os.replace(tmp, d / name)
+    return d / name
 
 
 def load_checkpoint(path: str | Path) -> dict:

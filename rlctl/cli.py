@@ -302,14 +302,17 @@ def _reap(state: dict) -> int:
 def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint file.", autocompletion=_complete_run),
           episodes: int = typer.Option(10, "--episodes", min=1, help="Greedy episodes to run."),
           seed: int = typer.Option(12345, "--seed", help="Seed of the evaluation envs."),
+          which: str = typer.Option("best", "--checkpoint", help="For a run: `best` (best evaluation so far) or `latest`."),
           as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Run greedy episodes with a run's newest checkpoint (or a checkpoint file) and print the mean return."""
+    """Run greedy episodes with a run's checkpoint (or a checkpoint file) and print the mean return."""
+    if which not in ("best", "latest"):
+        raise _bad_input(f"--checkpoint must be best or latest, not {which!r}")
     path = Path(target)
     if not path.is_file():
         rd = _resolve(runs_dir, target)
-        path = rd.checkpoints_dir / "latest.pt"
+        path = rd.checkpoints_dir / f"{which}.pt"
         if not path.is_file():
-            raise _bad_input(f"{rd.run_id} has no checkpoint yet ({path})")
+            raise _bad_input(f"{rd.run_id} has no {which} checkpoint ({path})")
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
 
     try:

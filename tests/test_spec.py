@@ -546,3 +546,11 @@ def test_fuzz_raw_bytes_to_load_job(tmp_path, raw):
         load_job(path)
     except JobFileError as exc:
         assert exc.problems and all(r.strip() for _, r in exc.problems)
+
+
+def test_readme_job_reference_is_current():
+    from rlctl.jobref import render_reference
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("<!-- job-reference:start -->\n", 1)[1].split("<!-- job-reference:end -->", 1)[0]
+    assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.jobref"

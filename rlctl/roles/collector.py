@@ -20,6 +20,9 @@ from rlctl.models import QNetwork, load_flat_parameters
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 
 
+EXPERIENCE_SOCKET_BUFFER = 64 * 1024
+
+
 class WeightSubscriber:
     """SUB socket on the learner's weight publications; keeps only the newest, never blocks."""
 
@@ -57,7 +60,9 @@ class ExperienceSender:
     """PUSH to every replay shard (ZeroMQ spreads batches over the shards that have room)."""
 
     def __init__(self, net: wire.SecureContext, endpoints: list[str], sender: str):
-        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=2)  # small queues keep sent data on-policy-fresh
+        # Small queues and kernel buffers: when shards rate-limit, a collector blocks within a few batches
+        # instead of parking tens of thousands of stale transitions in TCP buffers.
+        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=2, sndbuf=EXPERIENCE_SOCKET_BUFFER)
         self.sender = sender
         self.sent = 0
 

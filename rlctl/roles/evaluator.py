@@ -15,7 +15,8 @@ from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork
 from rlctl.roles.collector import WeightSubscriber
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
-from rlctl.spec import EnvSpec
+from rlctl.checkpoint import save_checkpoint
+from rlctl.spec import EnvSpec, resolved_dict
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -36,6 +37,15 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
     return returns, lengths
 
 
+def save_best(rc: RoleContext, model: torch.nn.Module, obs_shape: tuple, n_actions: int, version: int,
+              eval_return: float) -> None:
+    """Keep the best-scoring weights so far as checkpoints/best.pt (what SB3's EvalCallback calls best_model)."""
+    save_checkpoint(rc.checkpoint_dir, {
+        "algorithm": rc.job.algorithm.name, "job": resolved_dict(rc.job), "obs_shape": list(obs_shape),
+        "n_actions": n_actions, "model": model.state_dict(), "version": version, "eval_return": eval_return,
+        "time": time.time()}, name="best.pt")
+
+
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """Evaluate each new weight version, at most once per `evaluator.interval_s`."""
     torch.set_num_threads(1)
@@ -48,7 +58,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model)
-    evaluated, next_at, rounds = -1, 0.0, 0
+    evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
     metrics: dict = {}
     print(f"{rc.name}: {job.evaluator.episodes} greedy episodes per round on {job.env.id}", flush=True)
     while not stop:
@@ -64,6 +74,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                        "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds}
             print(f"{rc.name}: version {version}: return {returns.mean():.1f} (min {returns.min():.0f})", flush=True)
             control.heartbeat({**metrics, "net/dropped": weights.dropped})
+            if returns.mean() > best:
+                best = float(returns.mean())
+                save_best(rc, model, obs_shape, n_actions, version, best)
         elif control.due():
             control.heartbeat({**metrics, "net/dropped": weights.dropped})
     net.close()

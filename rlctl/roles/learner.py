@@ -112,7 +112,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         payload = {"algorithm": algo.name, "job": resolved_dict(job), "obs_shape": list(obs_shape),
                    "n_actions": n_actions, "model": online.state_dict(), "target": target.state_dict(),
                    "optimizer": opt.state_dict(), "updates": updates, "version": version, "time": time.time()}
-        save_checkpoint(rc.checkpoint_dir, payload, saves, job.logging.checkpoint_keep_every)
+        save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
 
     updates, saves = 0, 0
     if pub is not None:

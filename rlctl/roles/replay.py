@@ -96,7 +96,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """The shard loop: insert, serve, update priorities, report."""
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
-    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=8)
+    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=4, rcvbuf=64 * 1024)  # see collector.py
     smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000)
     shard = ReplayShard(rc)
     inserted_last, sampled_last, last_t = 0, 0, time.monotonic()

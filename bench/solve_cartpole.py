@@ -1,0 +1,167 @@
+"""Time to solve CartPole-v1: rlctl jobs against stable-baselines3 (rl-zoo3 settings), same invocation, same criteria.
+
+Wall seconds are measured from starting a fresh process until it has stopped at the criterion (imports and process
+start-up included). Off-policy jobs are judged on a 10-episode greedy evaluation (training returns include
+exploration), on-policy ones on the mean of the last 20 training episodes. Median of --seeds seeds each.
+
+    python bench/solve_cartpole.py [--seeds 3] [--cap 300] [--only apex,sb3_ppo,sb3_dqn]
+
+Needs `pip install -e '.[bench]'` for the stable-baselines3 rows. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# rl-zoo3 hyperparams/ppo.yml and dqn.yml, CartPole-v1 entries.
+SB3_CHILD = r'''
+import sys, time, json
+T0 = float(sys.argv[3])
+import numpy as np, torch, gymnasium as gym
+from stable_baselines3 import PPO, DQN
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+torch.set_num_threads(1)
+algo, seed = sys.argv[1], int(sys.argv[2])
+
+class Criterion(BaseCallback):
+    def __init__(self, eval_env=None):
+        super().__init__()
+        self.eval_env, self.next_eval = eval_env, 0
+    def _on_step(self):
+        if algo == "ppo":
+            buf = [e["r"] for e in self.model.ep_info_buffer][-20:]
+            return not (len(buf) == 20 and np.mean(buf) >= 475)
+        if self.num_timesteps >= self.next_eval:
+            self.next_eval = self.num_timesteps + 1000
+            obs, _ = self.eval_env.reset(seed=seed + self.num_timesteps)
+            returns, running = np.zeros(10), np.ones(10, bool)
+            while running.any():
+                a, _ = self.model.predict(obs, deterministic=True)
+                obs, r, term, trunc, _ = self.eval_env.step(a)
+                returns += r * running
+                running &= ~(term | trunc)
+            return returns.mean() < 475
+        return True
+
+if algo == "ppo":
+    lin = lambda v: (lambda p: p * v)
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                learning_rate=lin(0.001), clip_range=lin(0.2), seed=seed, device="cpu")
+    cb = Criterion()
+else:
+    env = make_vec_env("CartPole-v1", n_envs=1, seed=seed)
+    model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100000, learning_starts=1000,
+                gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]), seed=seed, device="cpu")
+    cb = Criterion(gym.make_vec("CartPole-v1", num_envs=10, vectorization_mode="vector_entry_point"))
+model.learn(total_timesteps=10_000_000, callback=cb)
+print(json.dumps({"wall_s": time.time() - T0, "env_steps": int(model.num_timesteps)}))
+'''
+
+
+def run_sb3(algo: str, seed: int, cap: float) -> dict:
+    """One stable-baselines3 run in a fresh process, timed from its start."""
+    t0 = time.time()
+    try:
+        out = subprocess.run([sys.executable, "-c", SB3_CHILD, algo, str(seed), str(t0)], capture_output=True,
+                             text=True, timeout=cap)
+    except subprocess.TimeoutExpired:
+        return {"solved": False, "wall_s": None, "env_steps": None}
+    if out.returncode != 0:
+        return {"solved": False, "wall_s": None, "env_steps": None, "error": out.stderr.strip().splitlines()[-1:]}
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"solved": True, "wall_s": time.time() - t0, "env_steps": res["env_steps"]}
+
+
+def run_rlctl(job: Path, seed: int, cap: float) -> dict:
+    """`rlctl run JOB` with the seed replaced and the wall cap set; timed from invocation to exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", job.read_text())
+        text = re.sub(r"(?m)^wall_s = [\d.]+", f"wall_s = {cap}", text)
+        path = Path(tmp) / job.name
+        path.write_text(text)
+        t0 = time.time()
+        out = subprocess.run([sys.executable, "-m", "rlctl", "run", str(path), "--runs-dir", f"{tmp}/runs"],
+                             capture_output=True, text=True, timeout=cap + 120, env={**os.environ, "TERM": "dumb"})
+        wall = time.time() - t0
+        run_dir = next(Path(tmp, "runs").iterdir())
+        state = json.loads((run_dir / "state.json").read_text())
+        first_step = _first_env_step_s(run_dir, state)
+    solved = state.get("status") == "finished" and "return" in (state.get("exit_reason") or "")
+    return {"solved": solved, "wall_s": wall if solved else None,
+            "env_steps": int(state.get("metrics", {}).get("charts/env_steps", 0)),
+            "startup_s": first_step, "exit_reason": state.get("exit_reason"), "rc": out.returncode}
+
+
+def _first_env_step_s(run_dir: Path, state: dict) -> float | None:
+    """Seconds from the supervisor's start to the first collector line (a collector prints once its env is built)."""
+    try:
+        from rlctl.rundir import parse_log_line
+
+        ts = [parse_log_line(p.read_text().splitlines()[0])[0] for p in (run_dir / "logs").glob("collector-*.log")]
+        ts = [t for t in ts if t]
+        return min(ts) - state["started_at"] if ts else None
+    except (OSError, IndexError, KeyError):
+        return None
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """Median over solved runs (None when fewer than half solved)."""
+    solved = [r for r in runs if r["solved"]]
+    med = lambda k: statistics.median([r[k] for r in solved if r.get(k) is not None]) if solved else None
+    row = {"name": name, "wall_s": med("wall_s"), "env_steps": med("env_steps"), "solved": f"{len(solved)}/{len(runs)}",
+           "runs": runs}
+    if any(r.get("startup_s") is not None for r in runs):
+        row["startup_s"] = statistics.median([r["startup_s"] for r in runs if r.get("startup_s") is not None])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--cap", type=float, default=300.0, help="seconds before a run counts as unsolved")
+    ap.add_argument("--only", default="apex,sb3_ppo,sb3_dqn")
+    args = ap.parse_args()
+    which = args.only.split(",")
+    results = []
+    for name in which:
+        runs = []
+        for seed in range(1, args.seeds + 1):
+            if name.startswith("sb3_"):
+                r = run_sb3(name[4:], seed, args.cap)
+            else:
+                r = run_rlctl(REPO / "jobs" / f"{name}.toml", seed, args.cap)
+            print(f"{name:10s} seed {seed}: {'solved' if r['solved'] else 'NOT solved'} "
+                  f"wall {r['wall_s'] and round(r['wall_s'], 1)} s, env steps {r['env_steps']}"
+                  + (f", first env step after {r['startup_s']:.1f} s" if r.get("startup_s") else ""), flush=True)
+            runs.append(r)
+        results.append(summarize(name, runs))
+    base = {r["name"]: r for r in results}
+    print()
+    print(f"{'name':10s} {'solved':>7s} {'wall s':>8s} {'env steps':>10s}  vs sb3 ppo  vs sb3 dqn")
+    for r in results:
+        ratios = []
+        for ref in ("sb3_ppo", "sb3_dqn"):
+            b = base.get(ref, {}).get("wall_s")
+            ratios.append(f"{r['wall_s'] / b:9.2f}x" if (b and r["wall_s"]) else f"{'-':>10s}")
+        print(f"{r['name']:10s} {r['solved']:>7s} {r['wall_s'] or float('nan'):8.1f} {r['env_steps'] or 0:10.0f}  "
+              + "  ".join(ratios))
+    print("targets: apex faster than sb3_dqn and within 1.5x of sb3_ppo")
+    print(json.dumps({"bench": "solve_cartpole", "results": [{k: v for k, v in r.items() if k != "runs"} for r in results]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The job-file reference (every section and key, with defaults), rendered from the schema's field docstrings.
+
+`python -m rlctl.jobref` prints it; the README embeds it and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
+
+from rlctl import spec
+
+SECTIONS = [
+    ("[job]", spec.JobSection, ("stop",)),
+    ("[job.stop]", spec.StopSpec, ()),
+    ("[env]", spec.EnvSpec, ()),
+    ('[algorithm] name = "apex"', spec.ApexSpec, ("name",)),
+    ("[model]", spec.ModelSpec, ()),
+    ("[replay]", spec.ReplaySpec, ()),
+    ("[topology]", spec.TopologySpec, ()),
+    ("[evaluator]", spec.EvaluatorSpec, ()),
+    ("[logging]", spec.LoggingSpec, ()),
+    ("[network]", spec.NetworkSpec, ()),
+    ("[[hosts]] (optional; without it everything runs on this machine)", spec.HostSpec, ()),
+]
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return " \\| ".join(f'`"{a}"`' for a in typing.get_args(annotation))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return " \\| ".join(_type_name(a) for a in args)
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(annotation)[0])}"
+    if origin is dict:
+        return "table"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "required"
+    value = field.default
+    if value is None:
+        return "-"
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"
+
+
+def render_reference() -> str:
+    """Markdown tables, one per section."""
+    out = []
+    for title, model, skip in SECTIONS:
+        out.append(f"**{title}** — {(model.__doc__ or '').strip().splitlines()[0]}\n")
+        out.append("| key | type | default | meaning |\n|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            if name in skip:
+                continue
+            doc = " ".join((field.description or "").split()).replace("|", "\\|")
+            out.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render_reference())
