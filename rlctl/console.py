@@ -48,7 +48,11 @@ def get_console(stderr: bool = False) -> "Console":
         from rich.console import Console
 
         # No auto-highlighting: output is styled explicitly, numbers in log text stay as written.
-        _consoles[stderr] = Console(stderr=stderr, highlight=False)
+        con = Console(stderr=stderr, highlight=False)
+        if not con.is_terminal:
+            # Pipes and files (scripts, tests, `| grep`) get whole values, never "…"-truncated cells.
+            con = Console(stderr=stderr, highlight=False, width=max(con.width, 240))
+        _consoles[stderr] = con
     return _consoles[stderr]
 
 
@@ -177,7 +181,7 @@ def build_table(title: str | None, columns: list[str], rows: list[list]) -> "Tab
     for i, name in enumerate(columns):
         values = [row[i] for row in rows if i < len(row) and row[i] is not None]
         numeric = bool(values) and all(_num(v) is not None for v in values)
-        table.add_column(name, justify="right" if numeric else "left")
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         cells = list(row) + [None] * (len(columns) - len(row))
         table.add_row(*(_render_cell(c) for c in cells[: len(columns)]))

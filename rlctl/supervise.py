@@ -166,6 +166,8 @@ class Supervisor:
         self.ended_at: float | None = None
         self.stop_signals = 0
         self.ranks: dict[int, dict] = {}
+        self.control: zmq.Socket | None = None
+        self.control_dropped = 0
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -177,6 +179,7 @@ class Supervisor:
     def state(self) -> dict:
         """The state.json document."""
         metrics = self.hub.snapshot()
+        metrics["net/dropped"] = metrics.get("net/dropped", 0) + self.control_dropped
         return {
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
             "status": self.status, "supervisor_pid": os.getpid(), "started_at": self.started_at,
@@ -201,13 +204,13 @@ class Supervisor:
         tb = TensorBoardWriter(str(self.rundir.tb_dir))
         tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
         try:
-            control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
+            self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
             self.status = "starting"
             self._publish()
             for h in self.handles:
                 h.start(self._child_env(h), self.rundir.logs_dir)
             self.status = "running"
-            self._loop(control, tb)
+            self._loop(tb)
         finally:
             self._shutdown()
             self.ended_at = time.time()
@@ -221,24 +224,14 @@ class Supervisor:
                 signal.signal(s, h)
         return 1 if self.status == "failed" else 0
 
-    def _loop(self, control: zmq.Socket, tb: TensorBoardWriter) -> None:
+    def _loop(self, tb: TensorBoardWriter) -> None:
         criteria = StopCriteria(self.spec, self.started_at)
         next_state = next_tb = 0.0
         tb_interval = self.spec.logging.metrics_interval_s
-        dropped = 0
         while True:
             if self.stop_signals:
                 return
-            if control.poll(100):
-                while True:
-                    try:
-                        prefix, msg = wire.recv(control, zmq.NOBLOCK, routed=True)
-                    except zmq.Again:
-                        break
-                    except wire.WireError:
-                        dropped += 1
-                        continue
-                    self._on_message(msg)
+            self._drain_control(100)
             if self._check_children():
                 return
             now = time.time()
@@ -256,6 +249,20 @@ class Supervisor:
     def _child_env(self, h: ProcessHandle) -> dict[str, str]:
         # The keys go into the environment only, never onto a command line.
         return {**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}
+
+    def _drain_control(self, timeout_ms: int) -> None:
+        """Handle every control message that arrives within timeout_ms (malformed ones are counted)."""
+        if self.control is None or not self.control.poll(timeout_ms):
+            return
+        while True:
+            try:
+                _, msg = wire.recv(self.control, zmq.NOBLOCK, routed=True)
+            except zmq.Again:
+                return
+            except wire.WireError:
+                self.control_dropped += 1
+                continue
+            self._on_message(msg)
 
     def _on_message(self, msg: wire.Message) -> None:
         handle = self.by_name.get(msg.sender)
@@ -343,6 +350,7 @@ class Supervisor:
                     h.state = ProcState.STOPPED
             if h.pump:
                 h.pump.join(timeout=2)
+        self._drain_control(0)
 
     def _wait_gone(self, group: list[ProcessHandle], grace: float) -> None:
         deadline = time.time() + grace
@@ -351,7 +359,7 @@ class Supervisor:
             if time.time() > deadline or self.stop_signals > self._signals_at_shutdown:
                 for h in group:
                     h.signal_group(signal.SIGKILL)
-            time.sleep(0.05)
+            self._drain_control(50)  # final heartbeats (checkpoint, parameter digests) arrive now
 
 
 def supervise_rundir(path: str, display=None) -> int:

@@ -1,0 +1,57 @@
+"""Ape-X learns CartPole-v1 end to end: the shipped job, and the same job with two DDP learner ranks."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from conftest import REPO, only_run, read_state, run_cli
+
+CAP_S = 420  # generous: the job usually stops far sooner; this only bounds a broken run
+
+
+def _job_copy(tmp_path, **replace: str):
+    text = (REPO / "jobs" / "apex.toml").read_text()
+    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
+    for key, value in replace.items():
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert n == 1, key
+    path = tmp_path / "apex.toml"
+    path.write_text(text)
+    return path
+
+
+def _assert_solved(run_dir):
+    state = read_state(run_dir)
+    assert state["status"] == "finished", state.get("exit_reason")
+    assert state["exit_reason"].startswith("eval/return_mean"), state["exit_reason"]
+    assert state["metrics"]["eval/return_mean"] >= 475
+    return state
+
+
+def test_apex_job_solves_cartpole_and_its_checkpoint_scores_475(tmp_path):
+    runs = tmp_path / "runs"
+    run_cli(["run", str(_job_copy(tmp_path)), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    run_dir = only_run(runs)
+    _assert_solved(run_dir)
+    # The learned checkpoint, loaded again in a fresh process, on fresh episodes.
+    res = run_cli(["eval", run_dir.name, "--episodes", "10", "--json", "--runs-dir", str(runs)], timeout=120)
+    result = json.loads(res.stdout)
+    assert result["episodes"] == 10 and result["return_mean"] >= 475, result
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+
+
+def test_two_learner_ranks_solve_and_hold_identical_parameters(tmp_path):
+    runs = tmp_path / "runs"
+    job = _job_copy(tmp_path, learner_procs="2")
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    run_dir = only_run(runs)
+    state = _assert_solved(run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert "--nproc-per-node 2" in " ".join(next(p for p in plan["processes"] if p["role"] == "learner")["argv"])
+    assert len(plan["endpoints"]["replay"]) == 2
+    ranks = state["learner_ranks"]
+    assert set(ranks) == {"0", "1"}, ranks
+    assert ranks["0"]["learner/final"] == 1 and ranks["1"]["learner/final"] == 1
+    assert ranks["0"]["learner/param_digest"] == ranks["1"]["learner/param_digest"]
+    assert ranks["0"]["learner/updates"] == ranks["1"]["learner/updates"] > 0
