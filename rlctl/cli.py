@@ -258,8 +258,10 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
         deadline = time.time() + timeout
         while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
             time.sleep(0.1)
+        while time.time() < deadline and pid_alive(pid):  # the supervisor itself exits just after writing its state
+            time.sleep(0.05)
         state = rd.read_state() or {}
-        if rd.effective_status(state) not in TERMINAL_STATES:
+        if rd.effective_status(state) not in TERMINAL_STATES or pid_alive(pid):
             print(f"{rd.run_id} did not stop within {timeout:g}s (status {rd.effective_status(state)}); "
                   f"killing its processes", file=sys.stderr)
             _reap(state)

@@ -67,7 +67,16 @@ def pid_alive(pid: int | None) -> bool:
         return True
     except OSError:
         return False
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """An exited process its parent has not reaped yet counts as gone (Linux /proc; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b") ", 1)[1][:1] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def status_of(state: dict | None) -> str:

@@ -212,9 +212,12 @@ class Supervisor:
             self.status = "running"
             self._loop(tb)
         finally:
+            if self.status in ("starting", "running"):
+                self.status = "stopping"
+            self._publish()
             self._shutdown()
             self.ended_at = time.time()
-            if self.status not in ("failed", "finished"):
+            if self.status == "stopping":
                 self.status = "stopped"
             self._write_tb(tb)
             tb.close()
@@ -322,8 +325,8 @@ class Supervisor:
         step = int(snap.get("charts/env_steps", 0))
         episodes = self.hub.drain_episodes()
         values = {k: v for k, v in snap.items() if isinstance(v, (int, float))}
-        if episodes:
-            values["charts/episode_return"] = episodes[-1]
+        if episodes:  # the episodes that ended since the last point
+            values["charts/episode_return"] = sum(episodes) / len(episodes)
         tb.scalars(values, step)
         tb.flush()
 
