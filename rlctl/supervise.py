@@ -168,6 +168,7 @@ class Supervisor:
         self.ranks: dict[int, dict] = {}
         self.control: zmq.Socket | None = None
         self.control_dropped = 0
+        self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -259,15 +260,16 @@ class Supervisor:
             return
         while True:
             try:
-                _, msg = wire.recv(self.control, zmq.NOBLOCK, routed=True)
+                identity, msg = wire.recv(self.control, zmq.NOBLOCK, routed=True)
             except zmq.Again:
                 return
             except wire.WireError:
                 self.control_dropped += 1
                 continue
-            self._on_message(msg)
+            self._on_message(msg, identity)
 
-    def _on_message(self, msg: wire.Message) -> None:
+    def _on_message(self, msg: wire.Message, identity: list) -> None:
+        self.identities[msg.sender] = identity
         handle = self.by_name.get(msg.sender)
         if msg.sender.startswith("learner-"):
             # Learner senders are named by torchrun rank; every rank belongs to the (single) learner node's row.
@@ -336,10 +338,15 @@ class Supervisor:
         learners = [h for h in self.handles if h.spec.role == "learner"]
         others = [h for h in self.handles if h.spec.role != "learner"]
         self._signals_at_shutdown = self.stop_signals
-        for group in (learners, others):
-            for h in group:
-                h.signal_group(signal.SIGTERM)
-            self._wait_gone(group, STOP_GRACE_S)
+        # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
+        # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
+        told = [ident for sender, ident in self.identities.items() if sender.startswith("learner-")]
+        for identity in told:
+            wire.send(self.control, "stop", "supervisor", prefix=identity, flags=zmq.NOBLOCK)
+        self._wait_gone(learners, STOP_GRACE_S, term_after=5.0 if told else 0.0)
+        for h in others:
+            h.signal_group(signal.SIGTERM)
+        self._wait_gone(others, STOP_GRACE_S)
         for h in self.handles:
             if h.popen is not None:
                 try:
@@ -355,9 +362,16 @@ class Supervisor:
                 h.pump.join(timeout=2)
         self._drain_control(0)
 
-    def _wait_gone(self, group: list[ProcessHandle], grace: float) -> None:
-        deadline = time.time() + grace
+    def _wait_gone(self, group: list[ProcessHandle], grace: float, term_after: float = -1.0) -> None:
+        """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace."""
+        start = time.time()
+        deadline = start + grace
+        termed = term_after < 0
         while any(h.group_alive() for h in group):
+            if not termed and time.time() >= start + term_after:
+                termed = True
+                for h in group:
+                    h.signal_group(signal.SIGTERM)
             # Another Ctrl-C during shutdown (or the grace running out) forces.
             if time.time() > deadline or self.stop_signals > self._signals_at_shutdown:
                 for h in group:

@@ -80,6 +80,7 @@ class ControlClient:
         self.sock = net.client(zmq.DEALER, rc.endpoints["control"], linger=2000, sndhwm=100)
         self.next_at = 0.0
         self.net = net
+        self.stopping = False
         self.send("hello", {"pid": os.getpid(), "role": rc.role, "rank": rc.rank, "host": rc.host})
 
     def send(self, kind: str, meta: dict) -> None:
@@ -88,6 +89,17 @@ class ControlClient:
             wire.send(self.sock, kind, self.rc.name, 0, meta, flags=zmq.NOBLOCK)
         except zmq.Again:
             pass
+
+    def stop_requested(self) -> bool:
+        """True once the supervisor has sent `stop` (checked without blocking)."""
+        while self.sock.poll(0):
+            try:
+                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
+            except (zmq.Again, wire.WireError):
+                break
+            if msg.kind == "stop":
+                self.stopping = True
+        return self.stopping
 
     def due(self, now: float | None = None) -> bool:
         """True when the next heartbeat is due."""

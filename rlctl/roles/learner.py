@@ -124,6 +124,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     n_sum, last_updates, last_t = 0, 0, time.monotonic()
     stop_flag = torch.zeros(1)
     while True:
+        if updates % 8 == 0 and control.stop_requested():
+            stop.requested = True
         if world > 1:
             # Ranks agree to stop at the same update so no rank is left inside a collective.
             stop_flag.fill_(float(bool(stop)))
@@ -138,7 +140,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             batch = stream.next(100)
             if batch is None and control.due():
                 control.heartbeat({"rank": rank, "learner/updates": updates, "learner/waiting": 1})
-            if batch is None and stop and world == 1:
+            if batch is None and world == 1 and (stop or control.stop_requested()):
                 break
         if batch is None:
             break
