@@ -174,6 +174,19 @@ class Proc:
         return self.popen.returncode
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process has used, from /proc (NaN if unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def start_role(role: str, rank: int, job_path: str | Path, endpoints: dict, keys: wire.CurveKeys, run_id: str,
                log_dir: str | Path, binds: dict | None = None, extra_env: dict | None = None) -> Proc:
     """Start `python -m rlctl.roles.<role>` as the plan would (collector, replay, evaluator)."""
@@ -213,10 +226,14 @@ class ControlRouter:
     """The supervisor's control ROUTER, played by the bench: records hello and heartbeat metrics per sender.
 
     Runs in a background thread with its own SecureContext. `beats[sender]` is a list of
-    (receive time.monotonic(), metrics dict) in arrival order.
+    (receive time.monotonic(), metrics dict) in arrival order. For senders listed in
+    `cpu_pids` (name -> pid) each heartbeat's metrics also get "_cpu_s": that process's CPU
+    time (user + system, all threads) when the heartbeat arrived, so rates can be taken per
+    CPU-second as well as per wall-second (robust to other load on a shared machine).
     """
 
     def __init__(self, keys: wire.CurveKeys, endpoint: str):
+        self.cpu_pids: dict[str, int] = {}
         self.net = wire.SecureContext(keys)
         self.sock = self.net.server(zmq.ROUTER, endpoint, rcvhwm=1000)
         self.hellos: dict[str, dict] = {}
@@ -244,7 +261,11 @@ class ControlRouter:
                     if msg.kind == "hello":
                         self.hellos[msg.sender] = msg.meta
                     elif msg.kind == "heartbeat" and isinstance(msg.meta.get("metrics"), dict):
-                        self.beats.setdefault(msg.sender, []).append((now, msg.meta["metrics"]))
+                        metrics = msg.meta["metrics"]
+                        pid = self.cpu_pids.get(msg.sender)
+                        if pid is not None:
+                            metrics["_cpu_s"] = process_cpu_s(pid)
+                        self.beats.setdefault(msg.sender, []).append((now, metrics))
 
     def series(self, sender: str) -> list[tuple[float, dict]]:
         """A copy of the heartbeats received from `sender` so far."""
@@ -282,6 +303,14 @@ class ControlRouter:
             return float("nan"), len(pts)
         (ta, va), (tb, vb) = pts[0], pts[-1]
         return (vb - va) / max(tb - ta, 1e-9), len(pts)
+
+    def cpu_rate(self, sender: str, key: str, t0: float, t1: float) -> float:
+        """d key / d(CPU seconds of the sender's process) over the heartbeats received in [t0, t1]."""
+        pts = [(m["_cpu_s"], m[key]) for t, m in self.series(sender)
+               if t0 <= t <= t1 and key in m and m.get("_cpu_s") == m.get("_cpu_s") and "_cpu_s" in m]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return float("nan")
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
     def values(self, sender: str, key: str, t0: float, t1: float) -> list[float]:
         """Values of `key` in heartbeats received in [t0, t1]."""

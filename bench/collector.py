@@ -1,6 +1,6 @@
 """Env steps/s of ONE real collector process versus a bare in-process act/step loop.
 
-Usage: python bench/collector.py [--quick] [--envs 8,64] [--profile]
+Usage: python bench/collector.py [--quick] [--envs 8,64] [--profile] [--what-if]
 
 For each vector width the bench starts `python -m rlctl.roles.collector` (CartPole-v1,
 native vector env, the model and algorithm of jobs/apex.toml) with the environment the
@@ -13,12 +13,18 @@ transitions the sink received and the heartbeat's `charts/env_steps_per_s`).
 
 The reference is a bare loop in this process doing the same vector-env steps and the same
 batched forward pass (same QNetwork, torch 1 thread, Ape-X epsilon-greedy over argmax),
-counting env steps the same way (the autoreset step after an episode end is not a step),
-measured before and after the collector in the same run. Target: ratio >= 0.9.
+counting env steps the same way (the autoreset step after an episode end is not a step).
+The two are interleaved in rounds within the same run (the collector is paused with
+SIGSTOP while the bare loop runs, resumed with SIGCONT for its own window) so both see
+the same background load; the figures are medians over rounds. Target: ratio >= 0.9.
+Also shown: the same ratio per CPU-second (collector process CPU time read from /proc at
+each heartbeat, the bare loop's thread time), which a busy shared machine disturbs less.
 
 With --profile (or automatically when the headline misses) an instrumented copy of the
 collector loop runs as a role process against the same peers and reports where its time
-goes per loop iteration, beyond the bare loop's forward/act/env-step.
+goes per loop iteration, beyond the bare loop's forward/act/env-step. With --what-if the same
+copy also runs with the changes recommended for rlctl (bench/_collector_whatif.py) and both
+are compared with the bare loop per CPU-second.
 
 Last line: {"bench": "collector", "collector_steps_per_s", "bare_steps_per_s", "ratio", "configs": {...}}
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,52 +54,61 @@ METRICS_INTERVAL_S = 0.5
 
 # --------------------------------------------------------------------------- the bare reference loop
 
-def bare_loop(job_path: Path, seconds: float, rank: int = 0) -> dict:
-    """Same vector env, forward, epsilon-greedy and step as the collector; nothing else."""
-    import torch
+class BareLoop:
+    """Same vector env, forward, epsilon-greedy and step as the collector; nothing else. Kept warm across rounds."""
 
-    from rlctl.algos.apex import epsilon_ladder, greedy_epsilon_actions
-    from rlctl.envs import make_vec_env, space_info
-    from rlctl.models import QNetwork
-    from rlctl.spec import load_job
+    def __init__(self, job_path: Path, rank: int = 0):
+        import torch
 
-    torch.set_num_threads(1)
-    job = load_job(job_path)
-    algo = job.algorithm
-    seed = job.job.seed * 1000 + 200 + rank  # RoleContext.seed of collector-<rank>
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
-    env = make_vec_env(job.env)
-    obs_shape, _, n_actions = space_info(env)
-    n = env.num_envs
-    model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
-    model.eval()
-    eps = epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
-    obs, _ = env.reset(seed=seed)
-    prev_done = np.zeros(n, dtype=bool)
+        from rlctl.algos.apex import epsilon_ladder, greedy_epsilon_actions
+        from rlctl.envs import make_vec_env, space_info
+        from rlctl.models import QNetwork
+        from rlctl.spec import load_job
 
-    def steps_for(duration: float) -> tuple[int, int, float]:
-        nonlocal obs, prev_done
+        torch.set_num_threads(1)
+        self.torch, self.greedy = torch, greedy_epsilon_actions
+        job = load_job(job_path)
+        algo = job.algorithm
+        seed = job.job.seed * 1000 + 200 + rank  # RoleContext.seed of collector-<rank>
+        self.rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+        self.env = make_vec_env(job.env)
+        obs_shape, _, n_actions = space_info(self.env)
+        self.n = n = self.env.num_envs
+        self.model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
+        self.model.eval()
+        self.eps = epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
+        self.obs, _ = self.env.reset(seed=seed)
+        self.prev_done = np.zeros(n, dtype=bool)
+        self.run(0.5)  # warm-up
+
+    def run(self, seconds: float) -> dict:
+        torch, model, env, eps, rng, n = self.torch, self.model, self.env, self.eps, self.rng, self.n
+        greedy = self.greedy
+        obs, prev_done = self.obs, self.prev_done
         steps = iters = 0
         t0 = time.perf_counter()
-        end = t0 + duration
+        c0 = time.thread_time()
+        end = t0 + seconds
         while True:
             for _ in range(50):
                 with torch.no_grad():
                     q = model(torch.from_numpy(obs))
-                actions = greedy_epsilon_actions(q, eps, rng)
+                actions = greedy(q, eps, rng)
                 obs, _, terminated, truncated, _ = env.step(actions)
                 steps += n - int(prev_done.sum())  # the collector's count: valid (non-autoreset) steps
                 prev_done = terminated | truncated
             iters += 50
             now = time.perf_counter()
             if now >= end:
-                return steps, iters, now - t0
+                break
+        cpu = time.thread_time() - c0
+        self.obs, self.prev_done = obs, prev_done
+        dt = now - t0
+        return {"steps_per_s": steps / dt, "us_per_iter": dt / iters * 1e6, "steps_per_cpu_s": steps / cpu}
 
-    steps_for(min(1.0, seconds / 4))  # warm-up
-    steps, iters, dt = steps_for(seconds)
-    env.close()
-    return {"steps_per_s": steps / dt, "iters_per_s": iters / dt, "us_per_iter": dt / iters * 1e6}
+    def close(self) -> None:
+        self.env.close()
 
 
 # --------------------------------------------------------------------------- the collector under test
@@ -148,44 +164,80 @@ class Peers:
         self.net.close()
 
 
-def measure_collector(job_path: Path, tmp: Path, warmup: float, window: float, sections: bool = False) -> dict:
-    """Start one real collector (or, with `sections`, the instrumented copy) and measure it."""
+def measure_interleaved(job_path: Path, tmp: Path, warmup: float, window: float, rounds: int, bare: BareLoop) -> dict:
+    """Start one real collector; then `rounds` times: pause it (SIGSTOP) and run the bare loop for `window`,
+    resume it (SIGCONT) and measure it for `window`. Interleaving keeps both under the same background load."""
     keys = H.generate_keys()
     endpoints, _ = H.make_endpoints(replay_shards=1)
     peers = Peers(keys, endpoints, job_path)
     proc = None
+    out = []
     try:
-        if sections:
-            env = H.role_env("collector", 0, job_path, endpoints, keys, "bench-collector",
-                             extra={"RLCTL_BENCH_SECTIONS_OUT": str(tmp / "sections.json")})
-            proc = H.Proc("collector-0", [sys.executable, os.path.abspath(__file__), "--child-sections"], env, tmp)
-        else:
-            proc = H.start_role("collector", 0, job_path, endpoints, keys, "bench-collector", tmp)
+        proc = H.start_role("collector", 0, job_path, endpoints, keys, "bench-collector", tmp)
+        peers.control.cpu_pids["collector-0"] = proc.pid
         peers.control.wait_hello(["collector-0"], 60, [proc])
         peers.pump(warmup)
         proc.check()
-        got0, t0 = peers.received, time.monotonic()
-        peers.pump(window)
-        got1, t1 = peers.received, time.monotonic()
+        for _ in range(rounds):
+            os.kill(proc.pid, signal.SIGSTOP)
+            b = bare.run(window)
+            os.kill(proc.pid, signal.SIGCONT)
+            peers.pump(2.5 * METRICS_INTERVAL_S)  # settle: heartbeats resume
+            got0, t0 = peers.received, time.monotonic()
+            peers.pump(window)
+            got1, t1 = peers.received, time.monotonic()
+            proc.check()
+            rate, beats = peers.control.rate("collector-0", "env_steps", t0, t1)
+            out.append({"collector": rate, "bare": b["steps_per_s"], "bare_us_per_iter": b["us_per_iter"],
+                        "collector_cpu": peers.control.cpu_rate("collector-0", "env_steps", t0, t1),
+                        "bare_cpu": b["steps_per_cpu_s"],
+                        "sink": (got1 - got0) / (t1 - t0), "heartbeats": beats,
+                        "reported": H.median(peers.control.values("collector-0", "charts/env_steps_per_s", t0, t1))})
+        versions = peers.control.values("collector-0", "collector/weight_version", 0, time.monotonic())
+        return {"rounds": out, "weights_published": peers.version, "weight_version_seen": versions[-1] if versions else None}
+    finally:
+        if proc is not None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            proc.stop()
+        peers.close()
+
+
+def measure_sections(job_path: Path, tmp: Path, warmup: float, window: float, variant: str = "baseline") -> dict:
+    """Run the instrumented copy of the collector loop as collector-0 against the same peers; its section times."""
+    keys = H.generate_keys()
+    endpoints, _ = H.make_endpoints(replay_shards=1)
+    peers = Peers(keys, endpoints, job_path)
+    out_path = tmp / "sections.json"
+    proc = None
+    try:
+        env = H.role_env("collector", 0, job_path, endpoints, keys, "bench-collector",
+                         extra={"RLCTL_BENCH_SECTIONS_OUT": str(out_path), "RLCTL_BENCH_VARIANT": variant,
+                                "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
+                                                                            os.environ.get("PYTHONPATH")]))})
+        proc = H.Proc("collector-0", [sys.executable, os.path.abspath(__file__), "--child-sections"], env, tmp)
+        peers.control.wait_hello(["collector-0"], 60, [proc])
+        peers.pump(warmup + window)
         proc.check()
-        rate, beats = peers.control.rate("collector-0", "env_steps", t0, t1)
-        reported = peers.control.values("collector-0", "charts/env_steps_per_s", t0, t1)
-        versions = peers.control.values("collector-0", "collector/weight_version", t0, t1)
-        return {
-            "steps_per_s": rate, "heartbeats": beats, "sink_transitions_per_s": (got1 - got0) / (t1 - t0),
-            "reported_steps_per_s": H.median(reported), "weights_published": peers.version,
-            "weight_version_seen": versions[-1] if versions else None,
-        }
     finally:
         if proc is not None:
             proc.stop()
         peers.close()
+    return json.loads(out_path.read_text())
 
 
 # --------------------------------------------------------------------------- instrumented copy (profile)
 
 def child_sections() -> None:
-    """A copy of rlctl.roles.collector.run with section timers; writes per-iteration means at exit."""
+    """A copy of rlctl.roles.collector.run with section timers; writes per-iteration means at exit.
+
+    RLCTL_BENCH_VARIANT=optimized applies the changes recommended in the report (what-if): the weights
+    SUB is read only when ZMQ_EVENTS says a message is waiting, and n-step transitions and their initial
+    priorities come from _collector_whatif.BlockNStep (one flush per send batch, priorities from the
+    Q-values computed to act) instead of NStepAccumulator.step per step + initial_priorities' forward.
+    """
     import torch
 
     from rlctl.algos.apex import NStepAccumulator, epsilon_ladder, greedy_epsilon_actions, initial_priorities
@@ -194,6 +246,7 @@ def child_sections() -> None:
     from rlctl.roles.collector import ExperienceSender, WeightSubscriber
     from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 
+    optimized = os.environ.get("RLCTL_BENCH_VARIANT") == "optimized"
     stop = StopFlag()
     rc = RoleContext.from_env()
     torch.set_num_threads(1)
@@ -211,7 +264,14 @@ def child_sections() -> None:
     sender = ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name)
     ladder = epsilon_ladder(job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
     eps = ladder[rc.rank * n_envs:(rc.rank + 1) * n_envs]
-    acc = NStepAccumulator(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype)
+    if optimized:
+        from _collector_whatif import BlockNStep
+
+        acc = BlockNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype,
+                         block=-(-algo.send_batch // n_envs), n_actions=n_actions, q_priorities=True)
+        wsock = weights.sock
+    else:
+        acc = NStepAccumulator(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype)
     obs, _ = env.reset(seed=rc.seed)
     prev_done = np.zeros(n_envs, dtype=bool)
     ep_return = np.zeros(n_envs, dtype=np.float64)
@@ -232,9 +292,10 @@ def child_sections() -> None:
     while not stop:
         if iters == 2000:  # warm-up excluded
             tot = dict.fromkeys(names, 0.0)
-            t_start, iters_start, steps_start = pc(), iters, env_steps
+            t_start, c_start, iters_start, steps_start = pc(), time.process_time(), iters, env_steps
         a = pc()
-        weights.poll()
+        if not optimized or wsock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            weights.poll()
         b = pc(); tot["weights.poll"] += b - a
         with torch.no_grad():
             q = model(torch.from_numpy(obs))
@@ -244,7 +305,11 @@ def child_sections() -> None:
         next_obs, rewards, terminated, truncated, _ = env.step(actions)
         a = pc(); tot["env.step"] += a - b
         valid = ~prev_done
-        out = acc.step(obs, actions, rewards, next_obs, terminated, truncated, valid)
+        if optimized:
+            acc.record(obs, actions, rewards, next_obs, terminated, truncated, valid, q.numpy())
+            out = acc.flush() if acc.full() else None
+        else:
+            out = acc.step(obs, actions, rewards, next_obs, terminated, truncated, valid)
         b = pc(); tot["NStepAccumulator.step"] += b - a
         done = (terminated | truncated) & valid
         ep_return += rewards * valid
@@ -257,14 +322,18 @@ def child_sections() -> None:
         prev_done = terminated | truncated
         obs = next_obs
         env_steps += int(valid.sum())
-        if len(out["reward"]):
+        if out is not None and len(out["reward"]):
             chunks.append(out)
             chunk_rows += len(out["reward"])
         a = pc(); tot["episode bookkeeping"] += a - b
         if ready is None and chunk_rows >= algo.send_batch:
-            ready = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+            if optimized and len(chunks) == 1:
+                ready = chunks[0]
+            else:
+                ready = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
             b = pc(); tot["batch concat"] += b - a
-            ready["priority"] = initial_priorities(model, ready)
+            if not optimized:
+                ready["priority"] = initial_priorities(model, ready)
             a = pc(); tot["initial_priorities"] += a - b
             chunks, chunk_rows = [], 0
         if ready is not None and sender.try_send(ready, weights.version):
@@ -286,12 +355,17 @@ def child_sections() -> None:
         tot["heartbeat"] += pc() - b
         iters += 1
     wall = pc() - t_start if t_start else float("nan")
+    cpu = time.process_time() - c_start if t_start else float("nan")  # all threads of this process
     n_it = iters - iters_start if t_start else 0
-    out_path = os.environ["RLCTL_BENCH_SECTIONS_OUT"]
-    Path(out_path).write_text(json.dumps({
-        "iters": n_it, "wall_s": wall, "env_steps": env_steps - steps_start if t_start else 0,
+    n_steps = env_steps - steps_start if t_start else 0
+    Path(os.environ["RLCTL_BENCH_SECTIONS_OUT"]).write_text(json.dumps({
+        "variant": "optimized" if optimized else "baseline",
+        "iters": n_it, "wall_s": wall, "env_steps": n_steps,
         "us_per_iter": {k: v / max(n_it, 1) * 1e6 for k, v in tot.items()},
         "us_per_iter_wall": wall / max(n_it, 1) * 1e6,
+        "steps_per_s": n_steps / wall if n_it else float("nan"),
+        "steps_per_cpu_s": n_steps / cpu if n_it else float("nan"),
+        "weight_version": weights.version,
     }))
     env.close()
     net.close()
@@ -312,19 +386,26 @@ def print_sections(prof: dict, bare: dict) -> None:
 
 # --------------------------------------------------------------------------- main
 
-def run_config(n_envs: int, warmup: float, window: float, tmp: Path) -> dict:
+def run_config(n_envs: int, warmup: float, window: float, rounds: int, tmp: Path) -> dict:
     job_path = H.write_job(tmp, {"env": {"envs_per_collector": n_envs},
                                  "logging": {"metrics_interval_s": METRICS_INTERVAL_S}},
                            name=f"collector-{n_envs}.toml")
-    bare_a = bare_loop(job_path, window)
-    coll = measure_collector(job_path, tmp, warmup, window)
-    bare_b = bare_loop(job_path, window)
-    bare = (bare_a["steps_per_s"] + bare_b["steps_per_s"]) / 2
-    us_iter = (bare_a["us_per_iter"] + bare_b["us_per_iter"]) / 2
-    ratio = coll["steps_per_s"] / bare
-    return {"envs": n_envs, "collector_steps_per_s": coll["steps_per_s"], "bare_steps_per_s": bare,
-            "bare_before": bare_a["steps_per_s"], "bare_after": bare_b["steps_per_s"], "ratio": ratio,
-            "bare_us_per_iter": us_iter, "collector": coll, "job_path": str(job_path)}
+    bare = BareLoop(job_path)
+    try:
+        m = measure_interleaved(job_path, tmp, warmup, window, rounds, bare)
+    finally:
+        bare.close()
+    rs = m["rounds"]
+    coll = H.median([r["collector"] for r in rs])
+    bare_rate = H.median([r["bare"] for r in rs])
+    ratios = [r["collector"] / r["bare"] for r in rs]
+    coll_cpu = H.median([r["collector_cpu"] for r in rs])
+    bare_cpu = H.median([r["bare_cpu"] for r in rs])
+    return {"envs": n_envs, "collector_steps_per_s": coll, "bare_steps_per_s": bare_rate,
+            "ratio": H.median(ratios), "ratios": ratios, "rounds": rs,
+            "collector_steps_per_cpu_s": coll_cpu, "bare_steps_per_cpu_s": bare_cpu, "cpu_ratio": coll_cpu / bare_cpu,
+            "bare_us_per_iter": H.median([r["bare_us_per_iter"] for r in rs]),
+            "weights": (m["weight_version_seen"], m["weights_published"]), "job_path": str(job_path)}
 
 
 def main() -> None:
@@ -332,6 +413,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short windows (about 30 s in all)")
     ap.add_argument("--envs", default=None, help="comma-separated vector widths; default apex.toml's and 64")
     ap.add_argument("--profile", action="store_true", help="always run the instrumented collector copy")
+    ap.add_argument("--what-if", action="store_true",
+                    help="also time the instrumented loop with the recommended changes (per CPU-second vs bare)")
     ap.add_argument("--child-sections", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_sections:
@@ -341,44 +424,73 @@ def main() -> None:
     widths = [int(x) for x in args.envs.split(",")] if args.envs else [headline_envs, 64]
     if headline_envs not in widths:
         widths.insert(0, headline_envs)
-    warmup, window = (2.0, 3.0) if args.quick else (4.0, 8.0)
+    warmup, window, rounds = (2.0, 2.0, 3) if args.quick else (3.0, 2.0, 8)
     print(f"collector bench: CartPole-v1, model {H.load_toml()['model']}, n_step/send_batch from jobs/apex.toml, "
-          f"weights published at {PUBLISH_HZ:g} Hz, warm-up {warmup:g}s, window {window:g}s; "
+          f"weights published at {PUBLISH_HZ:g} Hz; warm-up {warmup:g}s, then {rounds} rounds of "
+          f"[bare loop {window:g}s while the collector is paused | collector {window:g}s]; "
           f"{os.cpu_count()} CPUs (shared)")
     results = {}
     with H.TempDir() as tmp:
         for n in widths:
-            r = run_config(n, warmup, window, tmp)
+            r = run_config(n, warmup, window, rounds, tmp)
             results[n] = r
-            c = r["collector"]
-            print(f"  {n:3d} envs: collector {r['collector_steps_per_s']:9.0f} env steps/s "
-                  f"(sink {c['sink_transitions_per_s']:.0f} transitions/s, heartbeat says {c['reported_steps_per_s']:.0f}; "
-                  f"{c['heartbeats']} heartbeats; weights v{c['weight_version_seen']} of {c['weights_published']})")
-            print(f"            bare loop {r['bare_steps_per_s']:9.0f} env steps/s (before {r['bare_before']:.0f}, "
-                  f"after {r['bare_after']:.0f}; {r['bare_us_per_iter']:.1f} us/iteration)")
-            print(f"            ratio {r['ratio']:.3f}  target >= {TARGET_RATIO}: {H.verdict(r['ratio'], TARGET_RATIO)}")
+            print(f"  {n:3d} envs:")
+            for i, x in enumerate(r["rounds"]):
+                print(f"    round {i + 1}: collector {x['collector']:9.0f} env steps/s (sink {x['sink']:.0f} transitions/s, "
+                      f"heartbeat says {x['reported']:.0f}; {x['heartbeats']} heartbeats) | bare {x['bare']:9.0f} "
+                      f"({x['bare_us_per_iter']:.0f} us/iteration) | ratio {x['collector'] / x['bare']:.3f}")
+            print(f"    median: collector {r['collector_steps_per_s']:.0f}, bare {r['bare_steps_per_s']:.0f}, "
+                  f"ratio {r['ratio']:.3f} (per round {', '.join(f'{q:.3f}' for q in r['ratios'])}); "
+                  f"weights v{r['weights'][0]} of {r['weights'][1]} published")
+            print(f"    per CPU-second (robust to other load): collector {r['collector_steps_per_cpu_s']:.0f}, "
+                  f"bare {r['bare_steps_per_cpu_s']:.0f} env steps per CPU-s, ratio {r['cpu_ratio']:.3f}")
+            print(f"    target ratio >= {TARGET_RATIO}: {H.verdict(r['ratio'], TARGET_RATIO)}")
         head = results[headline_envs]
         missed = [n for n in widths if not results[n]["ratio"] >= TARGET_RATIO]
         if args.profile or missed:
             print("  profile (instrumented copy of the collector loop, same peers):")
             for n in (missed or widths):
                 job_path = Path(results[n]["job_path"])
-                measure_collector(job_path, tmp, warmup, window, sections=True)
-                prof = json.loads((tmp / "sections.json").read_text())
+                prof = measure_sections(job_path, tmp, warmup, 2 * window)
                 print(f"    {n} envs:")
                 bare = {"us_per_iter": results[n]["bare_us_per_iter"]}
                 print_sections(prof, bare)
                 results[n]["sections_us_per_iter"] = prof["us_per_iter"]
+        if args.what_if:
+            print("  what-if (instrumented copies of the loop; env steps per CPU-second of the whole process, "
+                  "bare loop per CPU-second of its thread, alternating):")
+            for n in widths:
+                job_path = Path(results[n]["job_path"])
+                bare = BareLoop(job_path)
+                rows = {"baseline": [], "optimized": [], "bare": []}
+                try:
+                    for _ in range(2):
+                        for variant in ("baseline", "optimized"):
+                            rows["bare"].append(bare.run(window)["steps_per_cpu_s"])
+                            prof = measure_sections(job_path, tmp, warmup, 2 * window, variant)
+                            rows[variant].append(prof["steps_per_cpu_s"])
+                finally:
+                    bare.close()
+                b = H.median(rows["bare"])
+                base, opt = H.median(rows["baseline"]), H.median(rows["optimized"])
+                results[n]["what_if"] = {"bare_cpu": b, "baseline_cpu": base, "optimized_cpu": opt,
+                                         "baseline_cpu_ratio": base / b, "optimized_cpu_ratio": opt / b}
+                print(f"    {n} envs: bare {b:.0f}, current loop {base:.0f} (ratio {base / b:.3f}), with the changes "
+                      f"{opt:.0f} (ratio {opt / b:.3f}) env steps per CPU-s")
     print(f"headline ({headline_envs} envs, jobs/apex.toml): collector {head['collector_steps_per_s']:.0f} / bare "
           f"{head['bare_steps_per_s']:.0f} = {head['ratio']:.3f} (target >= {TARGET_RATIO}: "
-          f"{H.verdict(head['ratio'], TARGET_RATIO)})")
+          f"{H.verdict(head['ratio'], TARGET_RATIO)}); per CPU-second ratio {head['cpu_ratio']:.3f} "
+          f"({H.verdict(head['cpu_ratio'], TARGET_RATIO)})")
     H.emit_json({
         "bench": "collector", "collector_steps_per_s": round(head["collector_steps_per_s"], 1),
         "bare_steps_per_s": round(head["bare_steps_per_s"], 1), "ratio": round(head["ratio"], 4),
+        "cpu_ratio": round(head["cpu_ratio"], 4),
         "configs": {str(n): {"collector_steps_per_s": round(r["collector_steps_per_s"], 1),
                              "bare_steps_per_s": round(r["bare_steps_per_s"], 1), "ratio": round(r["ratio"], 4),
+                             "cpu_ratio": round(r["cpu_ratio"], 4),
                              **({"sections_us_per_iter": {k: round(v, 2) for k, v in r["sections_us_per_iter"].items()}}
-                                if "sections_us_per_iter" in r else {})}
+                                if "sections_us_per_iter" in r else {}),
+                             **({"what_if": {k: round(v, 4) for k, v in r["what_if"].items()}} if "what_if" in r else {})}
                     for n, r in results.items()},
     })
 

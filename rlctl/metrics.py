@@ -27,9 +27,11 @@ class MetricsHub:
         returns = metrics.pop("episode_returns", None) or []
         lengths = metrics.pop("episode_lengths", None) or []
         clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-        self.latest[name] = clean
+        # Merge: a final heartbeat carries only a few figures and must not erase the last rates.
+        self.latest[name] = {**self.latest.get(name, {}), **clean}
         if role == "learner":
-            self.learner_ranks[int(metrics.get("rank", 0))] = clean
+            rank = int(metrics.get("rank", 0))
+            self.learner_ranks[rank] = {**self.learner_ranks.get(rank, {}), **clean}
         rets = [float(r) for r in returns if isinstance(r, (int, float))]
         self.returns.extend(rets)
         self.lengths.extend(float(x) for x in lengths if isinstance(x, (int, float)))

@@ -284,7 +284,8 @@ class Supervisor:
         if msg.kind == "heartbeat" and isinstance(metrics, dict):
             if handle.spec.role == "learner":
                 rank = int(msg.meta.get("rank", 0))
-                self.ranks[rank] = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+                self.ranks[rank] = {**self.ranks.get(rank, {}),
+                                    **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
                 metrics = {**metrics, "rank": rank}
                 if rank != 0:
                     self.hub.on_heartbeat(f"learner-rank{rank}", "learner", metrics)
