@@ -156,14 +156,13 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
         print(f"  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
               file=sys.stderr)
         return
+    raise typer.Exit(_run_attached(rundir))
+
+
+def _run_attached(rundir) -> int:
+    """Supervise in this process: a live table on a terminal, else a progress line every few seconds."""
+    from rlctl.console import get_console, live_renderable, progress_printer
     from rlctl.supervise import supervise_rundir
-
-    code = _run_attached(rundir, supervise_rundir)
-    raise typer.Exit(code)
-
-
-def _run_attached(rundir, supervise_rundir) -> int:
-    from rlctl.console import get_console, live_renderable, progress_line
 
     con = get_console()
     if con.is_terminal:
@@ -172,14 +171,7 @@ def _run_attached(rundir, supervise_rundir) -> int:
         with Live(console=con, refresh_per_second=4, transient=False) as live:
             code = supervise_rundir(str(rundir.path), display=lambda st: live.update(live_renderable(st)))
     else:
-        last = [0.0]
-
-        def show(st: dict) -> None:
-            if time.time() - last[0] >= 5 or st.get("status") in ("finished", "stopped", "failed"):
-                last[0] = time.time()
-                print(progress_line(st), flush=True)
-
-        code = supervise_rundir(str(rundir.path), display=show)
+        code = supervise_rundir(str(rundir.path), display=progress_printer())
     state = rundir.read_state() or {}
     con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False)
     failure = state.get("failure")

@@ -355,3 +355,16 @@ def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) ->
     # Process output may carry its own ANSI colours; decode those rather than printing escapes.
     line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
     return line
+
+
+def progress_printer(interval_s: float = 5.0):
+    """A display callback for non-TTY output: a progress line every interval_s and at the end."""
+    last = [0.0]
+
+    def show(state: dict) -> None:
+        now = time.time()
+        if now - last[0] >= interval_s or state.get("status") in ("finished", "stopped", "failed"):
+            last[0] = now
+            print(progress_line(state), flush=True)
+
+    return show

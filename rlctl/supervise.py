@@ -390,13 +390,7 @@ def supervise_rundir(path: str, display=None) -> int:
 
 
 if __name__ == "__main__":
-    from rlctl.console import progress_line
+    # `rlctl run --detach` starts this; its stdout is the run's supervisor.out.
+    from rlctl.console import progress_printer
 
-    _last = [0.0]
-
-    def _show(state: dict) -> None:
-        if time.time() - _last[0] >= 5:
-            _last[0] = time.time()
-            print(progress_line(state), flush=True)
-
-    sys.exit(supervise_rundir(sys.argv[1], display=_show))
+    sys.exit(supervise_rundir(sys.argv[1], display=progress_printer()))
