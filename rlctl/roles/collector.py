@@ -17,7 +17,7 @@ from rlctl import wire
 from rlctl.algos.apex import NStepAccumulator, epsilon_ladder, greedy_epsilon_actions, initial_priorities
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork, load_flat_parameters
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
@@ -162,11 +162,5 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     net.close()
 
 
-def main() -> None:
-    """Entry point for `python -m rlctl.roles.collector`."""
-    stop = StopFlag()
-    run(RoleContext.from_env(), stop)
-
-
 if __name__ == "__main__":
-    main()
+    role_main(run)

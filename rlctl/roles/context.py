@@ -110,3 +110,9 @@ class ControlClient:
         self.next_at = time.monotonic() + self.interval
         metrics.setdefault("net/refused", self.net.refused)
         self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})
+
+
+def role_main(run) -> None:
+    """A role's entry point: install the stop flag first (so an early SIGTERM is not lost), then run the loop."""
+    stop = StopFlag()
+    run(RoleContext.from_env(), stop)

@@ -14,7 +14,7 @@ from rlctl import wire
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork
 from rlctl.roles.collector import WeightSubscriber
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.checkpoint import save_checkpoint
 from rlctl.spec import EnvSpec, resolved_dict
 
@@ -82,11 +82,5 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     net.close()
 
 
-def main() -> None:
-    """Entry point for `python -m rlctl.roles.evaluator`."""
-    stop = StopFlag()
-    run(RoleContext.from_env(), stop)
-
-
 if __name__ == "__main__":
-    main()
+    role_main(run)

@@ -23,7 +23,7 @@ from rlctl.algos.apex import targets_from_q, td_loss
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork, flat_parameters, parameter_digest
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.spec import resolved_dict
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "keys", "weights")
@@ -201,11 +201,5 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
-    """Entry point for torchrun: `torchrun ... -m rlctl.roles.learner`."""
-    stop = StopFlag()
-    run(RoleContext.from_env(), stop)
-
-
 if __name__ == "__main__":
-    main()
+    role_main(run)

@@ -15,7 +15,7 @@ import zmq
 
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 MAX_SAMPLE = 1 << 16
 
@@ -144,11 +144,5 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     net.close()
 
 
-def main() -> None:
-    """Entry point for `python -m rlctl.roles.replay`."""
-    stop = StopFlag()
-    run(RoleContext.from_env(), stop)
-
-
 if __name__ == "__main__":
-    main()
+    role_main(run)
