@@ -129,6 +129,85 @@ class NStepAccumulator:
         return out
 
 
+class ChunkedNStep:
+    """NStepAccumulator's transitions, computed once per chunk of steps instead of once per step.
+
+    `add` only copies one vector-env step into [rows, env] arrays (a few microseconds); `take` emits every
+    transition that became complete, vectorized over the whole chunk with a loop over the n offsets. The last
+    n-1 rows carry over, with a flag for the starts still waiting for later rewards. Same rules as
+    NStepAccumulator (terminated: no bootstrap; truncated: bootstrap from the final obs; `valid` False rows,
+    NEXT_STEP autoreset steps, are not transitions), and the tests check the two agree.
+    """
+
+    def __init__(self, num_envs: int, n: int, gamma: float, obs_shape: tuple[int, ...], obs_dtype=np.float32,
+                 chunk: int = 32):
+        self.num_envs, self.n, self.gamma, self.chunk = int(num_envs), int(n), float(gamma), int(chunk)
+        rows = self.chunk + self.n - 1
+        self.obs = np.zeros((rows, self.num_envs, *obs_shape), dtype=obs_dtype)
+        self.next_obs = np.zeros_like(self.obs)
+        self.action = np.zeros((rows, self.num_envs), dtype=np.int64)
+        self.reward = np.zeros((rows, self.num_envs), dtype=np.float64)
+        self.terminated = np.zeros((rows, self.num_envs), dtype=bool)
+        self.done = np.zeros((rows, self.num_envs), dtype=bool)
+        self.valid = np.zeros((rows, self.num_envs), dtype=bool)
+        self.waiting = np.zeros((rows, self.num_envs), dtype=bool)  # carried starts not emitted yet
+        self.rows = 0
+        self.carried = 0
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, valid=None) -> bool:
+        """Store one vector-env step; True when a chunk is full and `take` should be called."""
+        i = self.rows
+        self.obs[i], self.next_obs[i], self.action[i], self.reward[i] = obs, next_obs, actions, rewards
+        self.terminated[i] = terminated
+        self.done[i] = np.logical_or(terminated, truncated)
+        self.valid[i] = True if valid is None else valid
+        self.rows += 1
+        return self.rows - self.carried >= self.chunk
+
+    def take(self) -> dict[str, np.ndarray]:
+        """Every transition completed by the stored steps, env-major and oldest first within an env."""
+        n, gamma, rows = self.n, self.gamma, self.rows
+        starts = self.valid[:rows].copy()
+        starts[: self.carried] &= self.waiting[: self.carried]
+        ret = np.zeros((rows, self.num_envs))
+        disc = np.ones((rows, self.num_envs))
+        steps = np.zeros((rows, self.num_envs), dtype=np.int64)
+        last = np.tile(np.arange(rows)[:, None], (1, self.num_envs))
+        ended = np.zeros((rows, self.num_envs), dtype=bool)
+        term = np.zeros((rows, self.num_envs), dtype=bool)
+        for k in range(n):
+            # Offset k of every start at once: rows shifted up by k; rows past the end are not there yet.
+            span = rows - k
+            if span <= 0:
+                break
+            active = starts[:span] & ~ended[:span]
+            ret[:span] += np.where(active, disc[:span] * self.reward[k:rows], 0.0)
+            disc[:span] = np.where(active, disc[:span] * gamma, disc[:span])
+            steps[:span] += active
+            last[:span] = np.where(active, np.arange(k, rows)[:, None], last[:span])
+            term[:span] |= active & self.terminated[k:rows]
+            ended[:span] |= active & self.done[k:rows]
+        complete = starts & (ended | (steps == n))
+        env_idx, row_idx = np.nonzero(complete.T)
+        out = {
+            "obs": self.obs[row_idx, env_idx],
+            "action": self.action[row_idx, env_idx],
+            "reward": ret[row_idx, env_idx].astype(np.float32),
+            "next_obs": self.next_obs[last[row_idx, env_idx], env_idx],
+            "discount": np.where(term[row_idx, env_idx], 0.0, disc[row_idx, env_idx]).astype(np.float32),
+        }
+        keep = min(n - 1, rows)
+        self._carry(rows - keep, starts & ~complete)
+        return out
+
+    def _carry(self, first: int, waiting: np.ndarray) -> None:
+        keep = self.rows - first
+        for arr in (self.obs, self.next_obs, self.action, self.reward, self.terminated, self.done, self.valid):
+            arr[:keep] = arr[first:self.rows]
+        self.waiting[:keep] = waiting[first:self.rows]
+        self.rows = self.carried = keep
+
+
 def double_dqn_targets(
     online: nn.Module, target: nn.Module, next_obs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor
 ) -> torch.Tensor:
@@ -192,3 +271,23 @@ def greedy_epsilon_actions(q_values: torch.Tensor, epsilons: np.ndarray, rng: np
     explore = rng.random(batch) < np.broadcast_to(np.asarray(epsilons, dtype=np.float64), (batch,))
     random_actions = rng.integers(0, n_actions, size=batch, dtype=np.int64)
     return np.where(explore, random_actions, greedy)
+
+
+class EpsilonGreedy:
+    """Per-row epsilon-greedy over a batch of Q rows, with the random draws made in blocks (not per step)."""
+
+    def __init__(self, epsilons: np.ndarray, n_actions: int, rng: np.random.Generator, block: int = 1024):
+        self.eps = np.asarray(epsilons, dtype=np.float64)
+        self.n_actions, self.rng, self.block = n_actions, rng, block
+        self._i = block
+
+    def __call__(self, q_values: torch.Tensor) -> np.ndarray:
+        """Actions for one step: a random action where this row explores, else argmax."""
+        if self._i == self.block:
+            self._explore = self.rng.random((self.block, len(self.eps))) < self.eps
+            self._random = self.rng.integers(0, self.n_actions, (self.block, len(self.eps)), dtype=np.int64)
+            self._i = 0
+        greedy = q_values.argmax(dim=1).numpy()
+        i = self._i
+        self._i += 1
+        return np.where(self._explore[i], self._random[i], greedy)

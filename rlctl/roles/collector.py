@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from rlctl import wire
-from rlctl.algos.apex import NStepAccumulator, epsilon_ladder, greedy_epsilon_actions, initial_priorities
+from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder, initial_priorities
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork, load_flat_parameters
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
@@ -34,6 +34,8 @@ class WeightSubscriber:
 
     def poll(self) -> bool:
         """Load the newest weights that have arrived, if any; True when the policy changed."""
+        if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the per-step fast path: nothing arrived
+            return False
         newest = None
         while True:
             try:
@@ -94,7 +96,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     # Ape-X ladder over every env slot of the job, so each slot explores at its own rate.
     ladder = epsilon_ladder(job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
     eps = ladder[rc.rank * n_envs:(rc.rank + 1) * n_envs]
-    acc = NStepAccumulator(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype)
+    explore = EpsilonGreedy(eps, n_actions, rng)
+    # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step.
+    chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype, chunk=-(-algo.send_batch // n_envs))
 
     obs, _ = env.reset(seed=rc.seed)
     prev_done = np.zeros(n_envs, dtype=bool)
@@ -102,11 +106,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     ep_length = np.zeros(n_envs, dtype=np.int64)
     finished_returns: list[float] = []
     finished_lengths: list[int] = []
-    chunks: list[dict[str, np.ndarray]] = []
-    chunk_rows = 0
     ready: dict[str, np.ndarray] | None = None
     env_steps = 0
     last_steps, last_t = 0, time.monotonic()
+
     def _report_if_due() -> None:
         nonlocal last_steps, last_t, finished_returns, finished_lengths
         now = time.monotonic()
@@ -134,12 +137,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         ready = None
         weights.poll()
         with torch.no_grad():
-            q = model(torch.from_numpy(obs))
-        actions = greedy_epsilon_actions(q, eps, rng)
+            actions = explore(model(torch.from_numpy(obs)))
         next_obs, rewards, terminated, truncated, _ = env.step(actions)
         valid = ~prev_done  # NEXT_STEP autoreset: the step after an episode end is a reset, not a transition
-        out = acc.step(obs, actions, rewards, next_obs, terminated, truncated, valid)
-        done = (terminated | truncated) & valid
+        full = chunker.add(obs, actions, rewards, next_obs, terminated, truncated, valid)
+        done = terminated | truncated
         ep_return += rewards * valid
         ep_length += valid
         if done.any():
@@ -147,16 +149,12 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             finished_lengths.extend(ep_length[done].tolist())
             ep_return[done] = 0.0
             ep_length[done] = 0
-        prev_done = terminated | truncated
+        prev_done = done
         obs = next_obs
         env_steps += int(valid.sum())
-        if len(out["reward"]):
-            chunks.append(out)
-            chunk_rows += len(out["reward"])
-        if chunk_rows >= algo.send_batch:
-            ready = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+        if full:
+            ready = chunker.take()
             ready["priority"] = initial_priorities(model, ready)
-            chunks, chunk_rows = [], 0
         _report_if_due()
     env.close()
     net.close()
