@@ -1,6 +1,6 @@
 """Env steps/s of ONE real collector process versus a bare in-process act/step loop.
 
-Usage: python bench/collector.py [--quick] [--envs 8,64] [--profile] [--what-if]
+Usage: python bench/collector.py [--quick] [--envs 8,64] [--profile]
 
 For each vector width the bench starts `python -m rlctl.roles.collector` (CartPole-v1,
 native vector env, the model and algorithm of jobs/apex.toml) with the environment the
@@ -20,11 +20,14 @@ the same background load; the figures are medians over rounds. Target: ratio >= 
 Also shown: the same ratio per CPU-second (collector process CPU time read from /proc at
 each heartbeat, the bare loop's thread time), which a busy shared machine disturbs less.
 
-With --profile (or automatically when the headline misses) an instrumented copy of the
-collector loop runs as a role process against the same peers and reports where its time
-goes per loop iteration, beyond the bare loop's forward/act/env-step. With --what-if the same
-copy also runs with the changes recommended for rlctl (bench/_collector_whatif.py) and both
-are compared with the bare loop per CPU-second.
+With --profile (or automatically when a width misses) the real collector runs once more
+as collector-0 against the same peers, but started through this script (--child-profile),
+which wraps the callees that `rlctl.roles.collector.run` looks up in its module (weights
+poll, QNetwork.forward, the epsilon-greedy, env.step, the n-step accumulator, initial
+priorities, send, heartbeat) with timers, then calls that same `run`. It prints each
+section's time per loop iteration next to the bare loop's: whatever the collector spends
+beyond forward + epsilon-greedy + env.step is what the ratio loses. (Each timed call adds
+about a microsecond.)
 
 Last line: {"bench": "collector", "collector_steps_per_s", "bare_steps_per_s", "ratio", "configs": {...}}
 """
@@ -60,13 +63,13 @@ class BareLoop:
     def __init__(self, job_path: Path, rank: int = 0):
         import torch
 
-        from rlctl.algos.apex import epsilon_ladder, greedy_epsilon_actions
+        from rlctl.algos import apex
         from rlctl.envs import make_vec_env, space_info
         from rlctl.models import QNetwork
         from rlctl.spec import load_job
 
         torch.set_num_threads(1)
-        self.torch, self.greedy = torch, greedy_epsilon_actions
+        self.torch = torch
         job = load_job(job_path)
         algo = job.algorithm
         seed = job.job.seed * 1000 + 200 + rank  # RoleContext.seed of collector-<rank>
@@ -77,14 +80,18 @@ class BareLoop:
         self.n = n = self.env.num_envs
         self.model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
         self.model.eval()
-        self.eps = epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
+        self.eps = apex.epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
+        # The collector's own epsilon-greedy: EpsilonGreedy (block-drawn randomness) where rlctl has it.
+        if hasattr(apex, "EpsilonGreedy"):
+            self.explore = apex.EpsilonGreedy(self.eps, n_actions, self.rng)
+        else:
+            self.explore = lambda q: apex.greedy_epsilon_actions(q, self.eps, self.rng)
         self.obs, _ = self.env.reset(seed=seed)
         self.prev_done = np.zeros(n, dtype=bool)
         self.run(0.5)  # warm-up
 
     def run(self, seconds: float) -> dict:
-        torch, model, env, eps, rng, n = self.torch, self.model, self.env, self.eps, self.rng, self.n
-        greedy = self.greedy
+        torch, model, env, explore, n = self.torch, self.model, self.env, self.explore, self.n
         obs, prev_done = self.obs, self.prev_done
         steps = iters = 0
         t0 = time.perf_counter()
@@ -93,8 +100,7 @@ class BareLoop:
         while True:
             for _ in range(50):
                 with torch.no_grad():
-                    q = model(torch.from_numpy(obs))
-                actions = greedy(q, eps, rng)
+                    actions = explore(model(torch.from_numpy(obs)))
                 obs, _, terminated, truncated, _ = env.step(actions)
                 steps += n - int(prev_done.sum())  # the collector's count: valid (non-autoreset) steps
                 prev_done = terminated | truncated
@@ -205,19 +211,17 @@ def measure_interleaved(job_path: Path, tmp: Path, warmup: float, window: float,
         peers.close()
 
 
-def measure_sections(job_path: Path, tmp: Path, warmup: float, window: float, variant: str = "baseline") -> dict:
-    """Run the instrumented copy of the collector loop as collector-0 against the same peers; its section times."""
+def measure_profile(job_path: Path, tmp: Path, warmup: float, window: float) -> dict:
+    """Run the real collector loop with timed callees (--child-profile) as collector-0 against the same peers."""
     keys = H.generate_keys()
     endpoints, _ = H.make_endpoints(replay_shards=1)
     peers = Peers(keys, endpoints, job_path)
-    out_path = tmp / "sections.json"
+    out_path = tmp / "profile.json"
     proc = None
     try:
         env = H.role_env("collector", 0, job_path, endpoints, keys, "bench-collector",
-                         extra={"RLCTL_BENCH_SECTIONS_OUT": str(out_path), "RLCTL_BENCH_VARIANT": variant,
-                                "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)),
-                                                                            os.environ.get("PYTHONPATH")]))})
-        proc = H.Proc("collector-0", [sys.executable, os.path.abspath(__file__), "--child-sections"], env, tmp)
+                         extra={"RLCTL_BENCH_PROFILE_OUT": str(out_path)})
+        proc = H.Proc("collector-0", [sys.executable, os.path.abspath(__file__), "--child-profile"], env, tmp)
         peers.control.wait_hello(["collector-0"], 60, [proc])
         peers.pump(warmup + window)
         proc.check()
@@ -228,160 +232,99 @@ def measure_sections(job_path: Path, tmp: Path, warmup: float, window: float, va
     return json.loads(out_path.read_text())
 
 
-# --------------------------------------------------------------------------- instrumented copy (profile)
+class _Sections:
+    """Inclusive wall time of the outermost timed call (a forward inside initial_priorities counts there)."""
 
-def child_sections() -> None:
-    """A copy of rlctl.roles.collector.run with section timers; writes per-iteration means at exit.
+    def __init__(self) -> None:
+        self.total: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.depth = 0
 
-    RLCTL_BENCH_VARIANT=optimized applies the changes recommended in the report (what-if): the weights
-    SUB is read only when ZMQ_EVENTS says a message is waiting, and n-step transitions and their initial
-    priorities come from _collector_whatif.BlockNStep (one flush per send batch, priorities from the
-    Q-values computed to act) instead of NStepAccumulator.step per step + initial_priorities' forward.
-    """
-    import torch
+    def wrap(self, name: str, fn):
+        import functools
 
-    from rlctl.algos.apex import NStepAccumulator, epsilon_ladder, greedy_epsilon_actions, initial_priorities
-    from rlctl.envs import make_vec_env, space_info
-    from rlctl.models import QNetwork
-    from rlctl.roles.collector import ExperienceSender, WeightSubscriber
-    from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+        pc = time.perf_counter
 
-    optimized = os.environ.get("RLCTL_BENCH_VARIANT") == "optimized"
-    stop = StopFlag()
-    rc = RoleContext.from_env()
-    torch.set_num_threads(1)
-    job, algo = rc.job, rc.job.algorithm
-    rng = np.random.default_rng(rc.seed)
-    torch.manual_seed(rc.seed)
-    net = wire.SecureContext(rc.keys)
-    control = ControlClient(net, rc)
-    env = make_vec_env(job.env)
-    obs_shape, obs_dtype, n_actions = space_info(env)
-    n_envs = env.num_envs
-    model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
-    model.eval()
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model)
-    sender = ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name)
-    ladder = epsilon_ladder(job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
-    eps = ladder[rc.rank * n_envs:(rc.rank + 1) * n_envs]
-    if optimized:
-        from _collector_whatif import BlockNStep
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth = 1
+            t0 = pc()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total[name] = self.total.get(name, 0.0) + pc() - t0
+                self.calls[name] = self.calls.get(name, 0) + 1
+                self.depth = 0
+        return timed
 
-        acc = BlockNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype,
-                         block=-(-algo.send_batch // n_envs), n_actions=n_actions, q_priorities=True)
-        wsock = weights.sock
-    else:
-        acc = NStepAccumulator(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype)
-    obs, _ = env.reset(seed=rc.seed)
-    prev_done = np.zeros(n_envs, dtype=bool)
-    ep_return = np.zeros(n_envs, dtype=np.float64)
-    ep_length = np.zeros(n_envs, dtype=np.int64)
-    finished_returns: list[float] = []
-    finished_lengths: list[int] = []
-    chunks: list[dict[str, np.ndarray]] = []
-    chunk_rows = 0
-    ready = None
-    env_steps = 0
-    last_steps, last_t = 0, time.monotonic()
-    names = ["weights.poll", "forward", "greedy_epsilon_actions", "env.step", "NStepAccumulator.step",
-             "episode bookkeeping", "batch concat", "initial_priorities", "send", "heartbeat"]
-    tot = dict.fromkeys(names, 0.0)
-    iters = 0
-    pc = time.perf_counter
-    t_start = None
-    while not stop:
-        if iters == 2000:  # warm-up excluded
-            tot = dict.fromkeys(names, 0.0)
-            t_start, c_start, iters_start, steps_start = pc(), time.process_time(), iters, env_steps
-        a = pc()
-        if not optimized or wsock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            weights.poll()
-        b = pc(); tot["weights.poll"] += b - a
-        with torch.no_grad():
-            q = model(torch.from_numpy(obs))
-        a = pc(); tot["forward"] += a - b
-        actions = greedy_epsilon_actions(q, eps, rng)
-        b = pc(); tot["greedy_epsilon_actions"] += b - a
-        next_obs, rewards, terminated, truncated, _ = env.step(actions)
-        a = pc(); tot["env.step"] += a - b
-        valid = ~prev_done
-        if optimized:
-            acc.record(obs, actions, rewards, next_obs, terminated, truncated, valid, q.numpy())
-            out = acc.flush() if acc.full() else None
-        else:
-            out = acc.step(obs, actions, rewards, next_obs, terminated, truncated, valid)
-        b = pc(); tot["NStepAccumulator.step"] += b - a
-        done = (terminated | truncated) & valid
-        ep_return += rewards * valid
-        ep_length += valid
-        if done.any():
-            finished_returns.extend(ep_return[done].tolist())
-            finished_lengths.extend(ep_length[done].tolist())
-            ep_return[done] = 0.0
-            ep_length[done] = 0
-        prev_done = terminated | truncated
-        obs = next_obs
-        env_steps += int(valid.sum())
-        if out is not None and len(out["reward"]):
-            chunks.append(out)
-            chunk_rows += len(out["reward"])
-        a = pc(); tot["episode bookkeeping"] += a - b
-        if ready is None and chunk_rows >= algo.send_batch:
-            if optimized and len(chunks) == 1:
-                ready = chunks[0]
-            else:
-                ready = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-            b = pc(); tot["batch concat"] += b - a
-            if not optimized:
-                ready["priority"] = initial_priorities(model, ready)
-            a = pc(); tot["initial_priorities"] += a - b
-            chunks, chunk_rows = [], 0
-        if ready is not None and sender.try_send(ready, weights.version):
-            ready = None
-        elif ready is not None and chunk_rows >= 4 * algo.send_batch:
-            sender.sock.poll(50, zmq.POLLOUT)
-        b = pc(); tot["send"] += b - a
-        now = time.monotonic()
-        if control.due(now):
-            rate = (env_steps - last_steps) / max(now - last_t, 1e-9)
-            last_steps, last_t = env_steps, now
-            control.heartbeat({
-                "env_steps": env_steps, "charts/env_steps_per_s": rate, "env_steps_per_s": rate,
-                "collector/weight_version": weights.version, "collector/sent": sender.sent,
-                "episode_returns": finished_returns[-1000:], "episode_lengths": finished_lengths[-1000:],
-                "net/dropped": weights.dropped,
-            })
-            finished_returns, finished_lengths = [], []
-        tot["heartbeat"] += pc() - b
-        iters += 1
-    wall = pc() - t_start if t_start else float("nan")
-    cpu = time.process_time() - c_start if t_start else float("nan")  # all threads of this process
-    n_it = iters - iters_start if t_start else 0
-    n_steps = env_steps - steps_start if t_start else 0
-    Path(os.environ["RLCTL_BENCH_SECTIONS_OUT"]).write_text(json.dumps({
-        "variant": "optimized" if optimized else "baseline",
-        "iters": n_it, "wall_s": wall, "env_steps": n_steps,
-        "us_per_iter": {k: v / max(n_it, 1) * 1e6 for k, v in tot.items()},
-        "us_per_iter_wall": wall / max(n_it, 1) * 1e6,
-        "steps_per_s": n_steps / wall if n_it else float("nan"),
-        "steps_per_cpu_s": n_steps / cpu if n_it else float("nan"),
-        "weight_version": weights.version,
-    }))
-    env.close()
-    net.close()
+    def subclass(self, cls: type, methods: list[str]) -> type:
+        attrs = {m: self.wrap(f"{cls.__name__}.{m.strip('_') or m}", getattr(cls, m)) for m in methods if hasattr(cls, m)}
+        return type(cls.__name__, (cls,), attrs)
 
 
-def print_sections(prof: dict, bare: dict) -> None:
+BARE_SECTIONS = ("QNetwork.forward", "EpsilonGreedy.call", "greedy_epsilon_actions", "env.step")
+
+
+def child_profile() -> None:
+    """The real rlctl.roles.collector.run, with the callees it looks up in its module wrapped by timers."""
+    import rlctl.roles.collector as C
+    from rlctl.roles.context import RoleContext, StopFlag
+
+    stop = StopFlag()  # first, as role_main does
+    sec = _Sections()
+    for name, methods in {"WeightSubscriber": ["poll"], "ExperienceSender": ["try_send"],
+                          "ControlClient": ["heartbeat"], "QNetwork": ["forward"], "EpsilonGreedy": ["__call__"],
+                          "ChunkedNStep": ["add", "take"], "NStepAccumulator": ["step"]}.items():
+        if hasattr(C, name):
+            setattr(C, name, sec.subclass(getattr(C, name), methods))
+    for name in ("initial_priorities", "greedy_epsilon_actions"):
+        if hasattr(C, name):
+            setattr(C, name, sec.wrap(name, getattr(C, name)))
+    snap = {}
+    warm_iters = 2000
+    iters = [0]
+    real_make = C.make_vec_env
+
+    class TimedEnv:
+        """The vector env with a timed `step`; its step count is the loop's iteration count."""
+
+        def __init__(self, env):
+            self._env = env
+            self._step = sec.wrap("env.step", env.step)
+
+        def step(self, actions):
+            iters[0] += 1
+            if iters[0] == warm_iters:
+                snap.update(t=time.perf_counter(), cpu=time.process_time(), total=dict(sec.total))
+            return self._step(actions)
+
+        def __getattr__(self, name):
+            return getattr(self._env, name)
+
+    C.make_vec_env = lambda *a, **k: TimedEnv(real_make(*a, **k))
+    C.run(RoleContext.from_env(), stop)
+    wall, cpu = time.perf_counter() - snap["t"], time.process_time() - snap["cpu"]
+    n = iters[0] - warm_iters
+    per = {k: (v - snap["total"].get(k, 0.0)) / n * 1e6 for k, v in sec.total.items()}
+    per_wall = wall / n * 1e6
+    per["(loop glue: bookkeeping, torch/numpy call overhead)"] = per_wall - sum(per.values())
+    Path(os.environ["RLCTL_BENCH_PROFILE_OUT"]).write_text(json.dumps(
+        {"iters": n, "us_per_iter_wall": per_wall, "us_per_iter": per, "cpu_frac": cpu / wall}))
+
+
+def print_profile(prof: dict, bare_us: float) -> None:
     per = prof["us_per_iter"]
-    total = sum(per.values())
-    print(f"    instrumented collector: {prof['iters']} iterations, {prof['us_per_iter_wall']:.1f} us/iteration wall, "
-          f"{total:.1f} us in timed sections; bare loop {bare['us_per_iter']:.1f} us/iteration")
-    core = per["forward"] + per["greedy_epsilon_actions"] + per["env.step"]
+    bare_part = sum(v for k, v in per.items() if k in BARE_SECTIONS)
+    print(f"    real collector loop, timed: {prof['iters']} iterations, {prof['us_per_iter_wall']:.1f} us/iteration; "
+          f"bare loop {bare_us:.1f} us/iteration (forward + epsilon-greedy + env.step + its own glue)")
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
-        tag = "" if k in ("forward", "greedy_epsilon_actions", "env.step") else "   <- beyond the bare loop"
-        print(f"      {k:24s} {v:8.1f} us  {100 * v / total:5.1f}%{tag}")
-    print(f"      (bare-loop work {core:.1f} us, extra {total - core:.1f} us = {100 * (total - core) / total:.0f}% "
-          f"of the collector's iteration)")
+        tag = "" if k in BARE_SECTIONS else "   <- not in the bare loop"
+        print(f"      {k:52s} {v:8.1f} us  {100 * v / prof['us_per_iter_wall']:5.1f}%{tag}")
+    print(f"      beyond the bare loop: {prof['us_per_iter_wall'] - bare_us:.1f} us/iteration "
+          f"({100 * (1 - bare_us / prof['us_per_iter_wall']):.0f}% of the collector's iteration; "
+          f"timed bare-loop sections {bare_part:.1f} us)")
 
 
 # --------------------------------------------------------------------------- main
@@ -412,13 +355,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short windows (about 30 s in all)")
     ap.add_argument("--envs", default=None, help="comma-separated vector widths; default apex.toml's and 64")
-    ap.add_argument("--profile", action="store_true", help="always run the instrumented collector copy")
-    ap.add_argument("--what-if", action="store_true",
-                    help="also time the instrumented loop with the recommended changes (per CPU-second vs bare)")
-    ap.add_argument("--child-sections", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", action="store_true", help="always time the sections of the real collector loop")
+    ap.add_argument("--child-profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child_sections:
-        child_sections()
+    if args.child_profile:
+        child_profile()
         return
     headline_envs = H.load_toml()["env"].get("envs_per_collector", 8)
     widths = [int(x) for x in args.envs.split(",")] if args.envs else [headline_envs, 64]
@@ -448,35 +389,12 @@ def main() -> None:
         head = results[headline_envs]
         missed = [n for n in widths if not results[n]["ratio"] >= TARGET_RATIO]
         if args.profile or missed:
-            print("  profile (instrumented copy of the collector loop, same peers):")
-            for n in (missed or widths):
-                job_path = Path(results[n]["job_path"])
-                prof = measure_sections(job_path, tmp, warmup, 2 * window)
+            print("  profile (the real collector loop with timed callees, same peers):")
+            for n in (widths if args.profile else missed):
+                prof = measure_profile(Path(results[n]["job_path"]), tmp, warmup, 3 * window)
                 print(f"    {n} envs:")
-                bare = {"us_per_iter": results[n]["bare_us_per_iter"]}
-                print_sections(prof, bare)
-                results[n]["sections_us_per_iter"] = prof["us_per_iter"]
-        if args.what_if:
-            print("  what-if (instrumented copies of the loop; env steps per CPU-second of the whole process, "
-                  "bare loop per CPU-second of its thread, alternating):")
-            for n in widths:
-                job_path = Path(results[n]["job_path"])
-                bare = BareLoop(job_path)
-                rows = {"baseline": [], "optimized": [], "bare": []}
-                try:
-                    for _ in range(2):
-                        for variant in ("baseline", "optimized"):
-                            rows["bare"].append(bare.run(window)["steps_per_cpu_s"])
-                            prof = measure_sections(job_path, tmp, warmup, 2 * window, variant)
-                            rows[variant].append(prof["steps_per_cpu_s"])
-                finally:
-                    bare.close()
-                b = H.median(rows["bare"])
-                base, opt = H.median(rows["baseline"]), H.median(rows["optimized"])
-                results[n]["what_if"] = {"bare_cpu": b, "baseline_cpu": base, "optimized_cpu": opt,
-                                         "baseline_cpu_ratio": base / b, "optimized_cpu_ratio": opt / b}
-                print(f"    {n} envs: bare {b:.0f}, current loop {base:.0f} (ratio {base / b:.3f}), with the changes "
-                      f"{opt:.0f} (ratio {opt / b:.3f}) env steps per CPU-s")
+                print_profile(prof, results[n]["bare_us_per_iter"])
+                results[n]["profile_us_per_iter"] = prof["us_per_iter"]
     print(f"headline ({headline_envs} envs, jobs/apex.toml): collector {head['collector_steps_per_s']:.0f} / bare "
           f"{head['bare_steps_per_s']:.0f} = {head['ratio']:.3f} (target >= {TARGET_RATIO}: "
           f"{H.verdict(head['ratio'], TARGET_RATIO)}); per CPU-second ratio {head['cpu_ratio']:.3f} "
@@ -488,9 +406,8 @@ def main() -> None:
         "configs": {str(n): {"collector_steps_per_s": round(r["collector_steps_per_s"], 1),
                              "bare_steps_per_s": round(r["bare_steps_per_s"], 1), "ratio": round(r["ratio"], 4),
                              "cpu_ratio": round(r["cpu_ratio"], 4),
-                             **({"sections_us_per_iter": {k: round(v, 2) for k, v in r["sections_us_per_iter"].items()}}
-                                if "sections_us_per_iter" in r else {}),
-                             **({"what_if": {k: round(v, 4) for k, v in r["what_if"].items()}} if "what_if" in r else {})}
+                             **({"profile_us_per_iter": {k: round(v, 2) for k, v in r["profile_us_per_iter"].items()}}
+                                if "profile_us_per_iter" in r else {})}
                     for n, r in results.items()},
     })
 

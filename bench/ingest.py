@@ -5,7 +5,8 @@ Usage: python bench/ingest.py [--quick] [--batches 256,2048]
 The bench starts `python -m rlctl.roles.replay` with the environment the plan would give
 it (job: jobs/apex.toml with `replay.samples_per_insert = 0`, no rate limit, and a large
 capacity), plays the supervisor's control ROUTER, and starts 2 sender processes (this
-script with --child-sender) that PUSH ready-made CartPole-sized "experience" batches
+script with --child-sender, sending through rlctl.roles.collector.ExperienceSender, so with
+the collector's socket options) that PUSH ready-made CartPole-sized "experience" batches
 (obs (B,4) f32, action (B,) i64, reward (B,) f32, next_obs (B,4) f32, discount (B,) f32,
 priority (B,) f32) over CURVE loopback as fast as the shard takes them. The rate is the
 delta of the shard's own heartbeat counter `replay/inserted` over a steady window after a
@@ -50,8 +51,11 @@ def make_batches(batch: int, count: int, seed: int) -> list[dict[str, np.ndarray
 
 
 def child_sender() -> None:
-    """PUSH batches to the shard as fast as it takes them (blocking sends: the shard's backpressure)."""
+    """PUSH batches to the shard as fast as it takes them, through the collector's own ExperienceSender
+    (same socket options), waiting for room the way the collector does when the shard pushes back."""
     import signal
+
+    from rlctl.roles.collector import ExperienceSender
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
@@ -60,14 +64,13 @@ def child_sender() -> None:
     name = f"collector-{os.environ['RLCTL_RANK']}"
     batches = make_batches(batch, 16, int(os.environ["RLCTL_RANK"]))
     net = wire.SecureContext(wire.CurveKeys.from_env())
-    sock = net.client(zmq.PUSH, [r["experience"] for r in endpoints["replay"]], sndhwm=16)  # as ExperienceSender
+    sender = ExperienceSender(net, [r["experience"] for r in endpoints["replay"]], name)
     i = 0
     while not stop:
-        try:
-            wire.send(sock, "experience", name, 0, None, batches[i % len(batches)])
-        except zmq.ZMQError:
-            break
-        i += 1
+        if sender.try_send(batches[i % len(batches)], 0):
+            i += 1
+        else:
+            sender.sock.poll(20, zmq.POLLOUT)
     net.close()
 
 

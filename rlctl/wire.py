@@ -9,6 +9,7 @@ promises raises `WireError`, and callers drop and count it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ def _array(spec: Any, frame: Any) -> tuple[str, np.ndarray]:
         raise WireError("bad array shape")
     buf = _buffer(frame)
     dt = np.dtype(dtype)
-    if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != len(buf):
+    if math.prod(shape) * dt.itemsize != len(buf):  # exact integers: np.prod would wrap past 2**63
         raise WireError(f"array {name!r}: {len(buf)} bytes do not match {dtype}{shape}")
     return name, np.frombuffer(buf, dtype=dt).reshape(shape)
 

@@ -44,6 +44,8 @@ def test_round_trip_is_zero_copy_views_with_header_fields():
     [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "float32", [-1]]]}), b""],  # shape
     [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": []}), b"extra"],
     [b"\x80" * (wire.MAX_HEADER_BYTES + 1)],
+    # Dimensions whose product overflows int64 to 0 must not pass the size check with an empty frame.
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "uint8", [2**32, 2**32]]]}), b""],
 ])
 def test_malformed_frames_raise_wire_error(frames):
     with pytest.raises(wire.WireError):
