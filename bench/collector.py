@@ -81,11 +81,7 @@ class BareLoop:
         self.model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
         self.model.eval()
         self.eps = apex.epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
-        # The collector's own epsilon-greedy: EpsilonGreedy (block-drawn randomness) where rlctl has it.
-        if hasattr(apex, "EpsilonGreedy"):
-            self.explore = apex.EpsilonGreedy(self.eps, n_actions, self.rng)
-        else:
-            self.explore = lambda q: apex.greedy_epsilon_actions(q, self.eps, self.rng)
+        self.explore = apex.EpsilonGreedy(self.eps, n_actions, self.rng)  # the collector's own epsilon-greedy
         self.obs, _ = self.env.reset(seed=seed)
         self.prev_done = np.zeros(n, dtype=bool)
         self.run(0.5)  # warm-up
@@ -264,7 +260,7 @@ class _Sections:
         return type(cls.__name__, (cls,), attrs)
 
 
-BARE_SECTIONS = ("QNetwork.forward", "EpsilonGreedy.call", "greedy_epsilon_actions", "env.step")
+BARE_SECTIONS = ("QNetwork.forward", "EpsilonGreedy.call", "env.step")
 
 
 def child_profile() -> None:
@@ -276,12 +272,10 @@ def child_profile() -> None:
     sec = _Sections()
     for name, methods in {"WeightSubscriber": ["poll"], "ExperienceSender": ["try_send"],
                           "ControlClient": ["heartbeat"], "QNetwork": ["forward"], "EpsilonGreedy": ["__call__"],
-                          "ChunkedNStep": ["add", "take"], "NStepAccumulator": ["step"]}.items():
+                          "ChunkedNStep": ["add", "take"]}.items():
         if hasattr(C, name):
             setattr(C, name, sec.subclass(getattr(C, name), methods))
-    for name in ("initial_priorities", "greedy_epsilon_actions"):
-        if hasattr(C, name):
-            setattr(C, name, sec.wrap(name, getattr(C, name)))
+    C.initial_priorities = sec.wrap("initial_priorities", C.initial_priorities)
     snap = {}
     warm_iters = 2000
     iters = [0]

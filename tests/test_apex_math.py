@@ -15,7 +15,6 @@ from rlctl.algos.apex import (
     NStepAccumulator,
     double_dqn_targets,
     epsilon_ladder,
-    greedy_epsilon_actions,
     initial_priorities,
     td_loss,
 )
@@ -323,21 +322,6 @@ def test_epsilon_ladder():
     assert np.all(np.diff(eps) < 0)
     with pytest.raises(ValueError):
         epsilon_ladder(0)
-
-
-def test_greedy_epsilon_actions():
-    rng = np.random.default_rng(0)
-    q = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]]).repeat(3000, 1)
-    greedy = greedy_epsilon_actions(q, np.zeros(len(q)), rng)
-    assert greedy.dtype == np.int64
-    np.testing.assert_array_equal(greedy, q.argmax(1).numpy())
-    uniform = greedy_epsilon_actions(q, np.ones(len(q)), rng)
-    counts = np.bincount(uniform, minlength=3) / len(q)
-    np.testing.assert_allclose(counts, [1 / 3] * 3, atol=0.03)
-    # Mixed per-row epsilons: eps 0 rows stay greedy.
-    eps = np.tile([0.0, 1.0], len(q) // 2)
-    mixed = greedy_epsilon_actions(q, eps, rng)
-    np.testing.assert_array_equal(mixed[eps == 0], q.argmax(1).numpy()[eps == 0])
 
 
 # ---------------------------------------------------------------- models

@@ -24,6 +24,8 @@ def epsilon_ladder(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np
 class NStepAccumulator:
     """Turns a vector env's step stream into n-step transitions, per env, vectorized over envs.
 
+    The per-step form: collectors use ChunkedNStep, and the tests hold the two to the same output.
+
     Each call to `step` feeds one vector-env step (s_t, a_t, r_t, s_{t+1}, terminated, truncated)
     for all envs and returns the transitions that became complete:
 
@@ -262,15 +264,6 @@ def initial_priorities(online: nn.Module, batch: dict[str, np.ndarray]) -> np.nd
         targets = rewards + discounts * q_next.max(dim=1).values
         q_taken = q_obs.gather(1, actions.unsqueeze(1)).squeeze(1)
         return (targets - q_taken).abs().float().cpu().numpy()
-
-
-def greedy_epsilon_actions(q_values: torch.Tensor, epsilons: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Per-row epsilon-greedy actions: uniform random where rng.random(B) < eps_i, else argmax."""
-    batch, n_actions = q_values.shape
-    greedy = q_values.argmax(dim=1).cpu().numpy().astype(np.int64)
-    explore = rng.random(batch) < np.broadcast_to(np.asarray(epsilons, dtype=np.float64), (batch,))
-    random_actions = rng.integers(0, n_actions, size=batch, dtype=np.int64)
-    return np.where(explore, random_actions, greedy)
 
 
 class EpsilonGreedy:
