@@ -119,9 +119,14 @@ def _first_env_step_s(run_dir: Path, state: dict) -> float | None:
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
-    """Median over solved runs (None when fewer than half solved)."""
+    """Medians with unsolved runs counted as slower than any solved one (None when the median run did not solve)."""
     solved = [r for r in runs if r["solved"]]
-    med = lambda k: statistics.median([r[k] for r in solved if r.get(k) is not None]) if solved else None
+
+    def med(key: str) -> float | None:
+        values = sorted(r[key] for r in solved) + [float("inf")] * (len(runs) - len(solved))
+        m = statistics.median(values) if values else float("inf")
+        return None if m == float("inf") else m
+
     row = {"name": name, "wall_s": med("wall_s"), "env_steps": med("env_steps"), "solved": f"{len(solved)}/{len(runs)}",
            "runs": runs}
     if any(r.get("startup_s") is not None for r in runs):
