@@ -24,8 +24,10 @@ def _job_copy(tmp_path, **replace: str):
 def _assert_solved(run_dir):
     state = read_state(run_dir)
     assert state["status"] == "finished", state.get("exit_reason")
-    assert state["exit_reason"].startswith("eval/return_mean"), state["exit_reason"]
-    assert state["metrics"]["eval/return_mean"] >= 475
+    # The stop is decided on one evaluation; later ones (the evaluator keeps going until it is stopped) may differ,
+    # so the figure that counts is the one in the exit reason.
+    match = re.fullmatch(r"eval/return_mean ([\d.]+) >= 475", state["exit_reason"])
+    assert match and float(match.group(1)) >= 475, state["exit_reason"]
     return state
 
 
