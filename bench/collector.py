@@ -275,7 +275,6 @@ def child_profile() -> None:
                           "ChunkedNStep": ["add", "take"]}.items():
         if hasattr(C, name):
             setattr(C, name, sec.subclass(getattr(C, name), methods))
-    C.initial_priorities = sec.wrap("initial_priorities", C.initial_priorities)
     snap = {}
     warm_iters = 2000
     iters = [0]

@@ -427,3 +427,34 @@ def test_epsilon_greedy_blocks_follow_per_row_rates():
     assert actions.dtype == np.int64
     assert (actions[:, 0] == 1).all()  # eps 0: always argmax
     np.testing.assert_allclose(np.bincount(actions[:, 1], minlength=3) / 3000, [1 / 3] * 3, atol=0.03)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chunk, seed):
+    from rlctl.algos.apex import ChunkedNStep
+
+    torch.manual_seed(seed % 1000)
+    rng = np.random.default_rng(seed)
+    model = QNetwork((2,), 3, (8,))
+    chunked = ChunkedNStep(num_envs, n, 0.9, (2,), chunk=chunk, n_actions=3)
+    obs = rng.normal(size=(num_envs, 2)).astype(np.float32)
+    prev_done = np.zeros(num_envs, dtype=bool)
+    outs = []
+    for _ in range(40):
+        with torch.no_grad():
+            q = model(torch.from_numpy(obs)).numpy()
+        actions = rng.integers(0, 3, num_envs)
+        nxt = rng.normal(size=(num_envs, 2)).astype(np.float32)
+        valid = ~prev_done
+        term = valid & (rng.random(num_envs) < 0.15)
+        trunc = valid & ~term & (rng.random(num_envs) < 0.1)
+        rewards = rng.normal(size=num_envs).astype(np.float32) * valid
+        if chunked.add(obs, actions, rewards, nxt, term, trunc, valid, q=q):
+            outs.append(chunked.take())
+        # NEXT_STEP autoreset: after an end the env returns the final obs again as the next step's obs.
+        obs, prev_done = nxt, term | trunc
+    outs = [o for o in outs if len(o["reward"])]
+    assert outs, "no transitions emitted"
+    batch = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    np.testing.assert_allclose(batch["priority"], initial_priorities(model, batch), rtol=1e-4, atol=1e-5)

@@ -139,12 +139,17 @@ class ChunkedNStep:
     n-1 rows carry over, with a flag for the starts still waiting for later rewards. Same rules as
     NStepAccumulator (terminated: no bootstrap; truncated: bootstrap from the final obs; `valid` False rows,
     NEXT_STEP autoreset steps, are not transitions), and the tests check the two agree.
+
+    With `n_actions`, `add` also takes the Q-values the actor acted on, and `take` adds Ape-X initial priorities
+    |R + discount * max Q(s') - Q(s, a)| without another forward pass: every next observation is acted on one
+    step later (also the final one, on the autoreset step), so a transition waits one row for its Q(s').
     """
 
     def __init__(self, num_envs: int, n: int, gamma: float, obs_shape: tuple[int, ...], obs_dtype=np.float32,
-                 chunk: int = 32):
+                 chunk: int = 32, n_actions: int = 0):
         self.num_envs, self.n, self.gamma, self.chunk = int(num_envs), int(n), float(gamma), int(chunk)
-        rows = self.chunk + self.n - 1
+        self.lag = 1 if n_actions else 0
+        rows = self.chunk + self.n - 1 + self.lag
         self.obs = np.zeros((rows, self.num_envs, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros_like(self.obs)
         self.action = np.zeros((rows, self.num_envs), dtype=np.int64)
@@ -153,16 +158,19 @@ class ChunkedNStep:
         self.done = np.zeros((rows, self.num_envs), dtype=bool)
         self.valid = np.zeros((rows, self.num_envs), dtype=bool)
         self.waiting = np.zeros((rows, self.num_envs), dtype=bool)  # carried starts not emitted yet
+        self.q = np.zeros((rows, self.num_envs, n_actions), dtype=np.float32) if n_actions else None
         self.rows = 0
         self.carried = 0
 
-    def add(self, obs, actions, rewards, next_obs, terminated, truncated, valid=None) -> bool:
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, valid=None, q=None) -> bool:
         """Store one vector-env step; True when a chunk is full and `take` should be called."""
         i = self.rows
         self.obs[i], self.next_obs[i], self.action[i], self.reward[i] = obs, next_obs, actions, rewards
         self.terminated[i] = terminated
         self.done[i] = np.logical_or(terminated, truncated)
         self.valid[i] = True if valid is None else valid
+        if self.q is not None:
+            self.q[i] = q
         self.rows += 1
         return self.rows - self.carried >= self.chunk
 
@@ -189,22 +197,29 @@ class ChunkedNStep:
             last[:span] = np.where(active, np.arange(k, rows)[:, None], last[:span])
             term[:span] |= active & self.terminated[k:rows]
             ended[:span] |= active & self.done[k:rows]
-        complete = starts & (ended | (steps == n))
+        complete = starts & (ended | (steps == n)) & (last + self.lag < rows)
         env_idx, row_idx = np.nonzero(complete.T)
+        last_row = last[row_idx, env_idx]
+        discount = np.where(term[row_idx, env_idx], 0.0, disc[row_idx, env_idx])
         out = {
             "obs": self.obs[row_idx, env_idx],
             "action": self.action[row_idx, env_idx],
             "reward": ret[row_idx, env_idx].astype(np.float32),
-            "next_obs": self.next_obs[last[row_idx, env_idx], env_idx],
-            "discount": np.where(term[row_idx, env_idx], 0.0, disc[row_idx, env_idx]).astype(np.float32),
+            "next_obs": self.next_obs[last_row, env_idx],
+            "discount": discount.astype(np.float32),
         }
-        keep = min(n - 1, rows)
+        if self.q is not None:
+            q_taken = self.q[row_idx, env_idx, out["action"]]
+            q_next = self.q[last_row + 1, env_idx].max(axis=1)
+            out["priority"] = np.abs(ret[row_idx, env_idx] + discount * q_next - q_taken).astype(np.float32)
+        keep = min(n - 1 + self.lag, rows)
         self._carry(rows - keep, starts & ~complete)
         return out
 
     def _carry(self, first: int, waiting: np.ndarray) -> None:
         keep = self.rows - first
-        for arr in (self.obs, self.next_obs, self.action, self.reward, self.terminated, self.done, self.valid):
+        arrays = (self.obs, self.next_obs, self.action, self.reward, self.terminated, self.done, self.valid)
+        for arr in arrays + ((self.q,) if self.q is not None else ()):
             arr[:keep] = arr[first:self.rows]
         self.waiting[:keep] = waiting[first:self.rows]
         self.rows = self.carried = keep

@@ -14,7 +14,7 @@ import torch
 import zmq
 
 from rlctl import wire
-from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder, initial_priorities
+from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder
 from rlctl.envs import make_vec_env, space_info
 from rlctl.models import QNetwork, load_flat_parameters
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
@@ -98,7 +98,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     eps = ladder[rc.rank * n_envs:(rc.rank + 1) * n_envs]
     explore = EpsilonGreedy(eps, n_actions, rng)
     # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step.
-    chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype, chunk=-(-algo.send_batch // n_envs))
+    chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype, chunk=-(-algo.send_batch // n_envs),
+                           n_actions=n_actions)
 
     obs, _ = env.reset(seed=rc.seed)
     prev_done = np.zeros(n_envs, dtype=bool)
@@ -137,10 +138,12 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         ready = None
         weights.poll()
         with torch.no_grad():
-            actions = explore(model(torch.from_numpy(obs)))
+            q = model(torch.from_numpy(obs))
+        actions = explore(q)
         next_obs, rewards, terminated, truncated, _ = env.step(actions)
         valid = ~prev_done  # NEXT_STEP autoreset: the step after an episode end is a reset, not a transition
-        full = chunker.add(obs, actions, rewards, next_obs, terminated, truncated, valid)
+        # The acting Q-values also give each transition's initial priority (no second forward pass).
+        full = chunker.add(obs, actions, rewards, next_obs, terminated, truncated, valid, q=q.numpy())
         done = terminated | truncated
         ep_return += rewards * valid
         ep_length += valid
@@ -154,7 +157,6 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         env_steps += int(valid.sum())
         if full:
             ready = chunker.take()
-            ready["priority"] = initial_priorities(model, ready)
         _report_if_due()
     env.close()
     net.close()
