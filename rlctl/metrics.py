@@ -52,7 +52,7 @@ class MetricsHub:
         collectors = self._of("collector-")
         env_steps = sum(int(m.get("env_steps", 0)) for m in collectors) + sum(self.step_base.values())
         out["charts/env_steps"] = env_steps
-        out["charts/env_steps_per_s"] = sum(float(m.get("env_steps_per_s", 0.0)) for m in collectors)
+        out["charts/env_steps_per_s"] = sum(float(m.get("charts/env_steps_per_s", 0.0)) for m in collectors)
         out["charts/episodes"] = self.episodes
         if self.returns:
             out["charts/episode_return_mean"] = sum(self.returns) / len(self.returns)

@@ -119,7 +119,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         rate = (env_steps - last_steps) / max(now - last_t, 1e-9)
         last_steps, last_t = env_steps, now
         control.heartbeat({
-            "env_steps": env_steps, "charts/env_steps_per_s": rate, "env_steps_per_s": rate,
+            "env_steps": env_steps, "charts/env_steps_per_s": rate,
             "collector/weight_version": weights.version, "collector/sent": sender.sent,
             "episode_returns": finished_returns[-1000:], "episode_lengths": finished_lengths[-1000:],
             "net/dropped": weights.dropped,
