@@ -267,19 +267,11 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
     print(f"{rd.run_id} {rd.effective_status()}" + (f"; {left} process groups had to be killed" if left else ""))
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _reap(state: dict) -> int:
     """End every process group of the run still alive (SIGTERM, SIGKILL after 3 s); returns how many were."""
-    alive = [p["pgid"] for p in state.get("processes", []) if p.get("pgid") and _group_alive(p["pgid"])]
+    from rlctl.rundir import group_alive
+
+    alive = [p["pgid"] for p in state.get("processes", []) if p.get("pgid") and group_alive(p["pgid"])]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in alive:
             try:
@@ -287,7 +279,7 @@ def _reap(state: dict) -> int:
             except ProcessLookupError:
                 pass
         deadline = time.time() + 3
-        while time.time() < deadline and any(_group_alive(g) for g in alive):
+        while time.time() < deadline and any(group_alive(g) for g in alive):
             time.sleep(0.05)
     return len(alive)
 

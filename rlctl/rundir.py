@@ -70,6 +70,17 @@ def pid_alive(pid: int | None) -> bool:
     return not _is_zombie(pid)
 
 
+def group_alive(pgid: int) -> bool:
+    """True while any process of the process group exists on this host."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _is_zombie(pid: int) -> bool:
     """An exited process its parent has not reaped yet counts as gone (Linux /proc; False elsewhere)."""
     try:

@@ -24,7 +24,7 @@ import zmq
 from rlctl import wire
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
 from rlctl.plan import LaunchPlan, ProcessSpec, make_plan
-from rlctl.rundir import RunDir
+from rlctl.rundir import RunDir, group_alive
 from rlctl.spec import JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
@@ -108,14 +108,8 @@ class ProcessHandle:
         """True while any process of the group exists."""
         if self.popen is None:
             return False
-        try:
-            os.killpg(self.popen.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
         self.popen.poll()  # reap the leader so a dead group is not kept alive by a zombie
-        return True
+        return group_alive(self.popen.pid)
 
     def row(self) -> dict:
         """This process's entry in state.json."""
@@ -165,7 +159,6 @@ class Supervisor:
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.stop_signals = 0
-        self.ranks: dict[int, dict] = {}
         self.control: zmq.Socket | None = None
         self.control_dropped = 0
         self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
@@ -187,7 +180,7 @@ class Supervisor:
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
             "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts],
             "processes": [h.row() for h in self.handles], "metrics": metrics,
-            "learner_ranks": {str(r): v for r, v in sorted(self.ranks.items())},
+            "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
         }
 
     def _publish(self) -> dict:
@@ -258,22 +251,18 @@ class Supervisor:
         """Handle every control message that arrives within timeout_ms (malformed ones are counted)."""
         if self.control is None or not self.control.poll(timeout_ms):
             return
-        while True:
-            try:
-                identity, msg = wire.recv(self.control, zmq.NOBLOCK, routed=True)
-            except zmq.Again:
-                return
-            except wire.WireError:
+        for identity, msg in wire.receive_waiting(self.control, routed=True):
+            if msg is None:
                 self.control_dropped += 1
-                continue
-            self._on_message(msg, identity)
+            else:
+                self._on_message(msg, identity)
 
     def _on_message(self, msg: wire.Message, identity: list) -> None:
         self.identities[msg.sender] = identity
         handle = self.by_name.get(msg.sender)
         if msg.sender.startswith("learner-"):
             # Learner senders are named by torchrun rank; every rank belongs to the (single) learner node's row.
-            handle = next(iter(self.handles_by_role("learner")), None)
+            handle = next((h for h in self.handles if h.spec.role == "learner"), None)
         if handle is None:
             return
         now = time.time()
@@ -284,18 +273,12 @@ class Supervisor:
         if msg.kind == "heartbeat" and isinstance(metrics, dict):
             if handle.spec.role == "learner":
                 rank = int(msg.meta.get("rank", 0))
-                self.ranks[rank] = {**self.ranks.get(rank, {}),
-                                    **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
                 metrics = {**metrics, "rank": rank}
                 if rank != 0:
                     self.hub.on_heartbeat(f"learner-rank{rank}", "learner", metrics)
                     return
             self.hub.on_heartbeat(handle.spec.name, handle.spec.role, metrics)
             handle.metrics = self.hub.latest.get(handle.spec.name, {})
-
-    def handles_by_role(self, role: str) -> list[ProcessHandle]:
-        """Every handle of a role."""
-        return [h for h in self.handles if h.spec.role == role]
 
     def _check_children(self) -> bool:
         """Reap exited children; restart or fail. True when the run must end."""

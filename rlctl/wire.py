@@ -120,6 +120,17 @@ def recv(sock: zmq.Socket, flags: int = 0, routed: bool = False) -> tuple[list, 
     return prefix, decode(frames)
 
 
+def receive_waiting(sock: zmq.Socket, routed: bool = False):
+    """Yield (routing frames, message) for every message already queued; a malformed one yields message None."""
+    while True:
+        try:
+            yield recv(sock, zmq.NOBLOCK, routed)
+        except zmq.Again:
+            return
+        except WireError:
+            yield [], None
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """The job's CURVE key pairs: one for every binding (server) socket, one for every client."""

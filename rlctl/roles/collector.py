@@ -37,15 +37,10 @@ class WeightSubscriber:
         if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the per-step fast path: nothing arrived
             return False
         newest = None
-        while True:
-            try:
-                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except wire.WireError:
+        for _, msg in wire.receive_waiting(self.sock):
+            if msg is None:
                 self.dropped += 1
-                continue
-            if msg.kind == "weights" and "params" in msg.arrays:
+            elif msg.kind == "weights" and "params" in msg.arrays:
                 newest = msg
         if newest is None or newest.version <= self.version:
             return False

@@ -108,27 +108,19 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     while not stop:
         events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
         if exp_sock in events:
-            for _ in range(64):  # bounded, so sample requests are never starved
-                try:
-                    _, msg = wire.recv(exp_sock, zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                except wire.WireError:
+            for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock), 1):
+                if msg is None:
                     shard.dropped += 1
-                    continue
-                shard.on_experience(msg)
-                if not shard.accepting():
+                else:
+                    shard.on_experience(msg)
+                if count >= 64 or not shard.accepting():  # bounded, so sample requests are never starved
                     break
         if smp_sock in events:
-            while True:
-                try:
-                    identity, msg = wire.recv(smp_sock, zmq.NOBLOCK, routed=True)
-                except zmq.Again:
-                    break
-                except wire.WireError:
+            for identity, msg in wire.receive_waiting(smp_sock, routed=True):
+                if msg is None:
                     shard.dropped += 1
-                    continue
-                shard.on_request(identity, msg)
+                else:
+                    shard.on_request(identity, msg)
         shard.serve(smp_sock)
         now = time.monotonic()
         if control.due(now):
