@@ -71,7 +71,7 @@ class MetricsHub:
         if versions and "learner/version" in learner:
             out["collector/weight_version_lag"] = float(learner["learner/version"]) - sum(versions) / len(versions)
         evaluator = self._of("evaluator-")
-        for key in ("eval/return_mean", "eval/length_mean", "eval/version"):
+        for key in ("eval/return_mean", "eval/length_mean", "eval/version", "eval/streak"):
             vals = [float(m[key]) for m in evaluator if key in m]
             if vals:
                 out[key] = vals[0]

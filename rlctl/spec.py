@@ -60,7 +60,10 @@ class StopSpec(Section):
     wall_s: PosFloat | None = None
     """Stop after this many seconds of wall time."""
     eval_return: float | None = None
-    """Stop when the evaluator's mean greedy return reaches this."""
+    """Stop when the evaluator's mean greedy return reaches this (in `eval_rounds` rounds in a row)."""
+    eval_rounds: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Consecutive evaluation rounds (each on fresh episodes) that must reach `eval_return`: one lucky
+    round of a still-shaky policy does not end the run."""
     train_return: float | None = None
     """Stop when the mean return of the last `train_return_window` training episodes reaches this."""
     train_return_window: PosInt = 20

@@ -131,8 +131,10 @@ class StopCriteria:
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
         s = self.stop
-        if s.eval_return is not None and m.get("eval/return_mean", float("-inf")) >= s.eval_return:
-            return f"eval/return_mean {m['eval/return_mean']:.1f} >= {s.eval_return:g}"
+        if (s.eval_return is not None and m.get("eval/return_mean", float("-inf")) >= s.eval_return
+                and m.get("eval/streak", 0) >= s.eval_rounds):
+            rounds = f" ({s.eval_rounds} rounds in a row)" if s.eval_rounds > 1 else ""
+            return f"eval/return_mean {m['eval/return_mean']:.1f} >= {s.eval_return:g}{rounds}"
         if (s.train_return is not None and episodes_seen >= s.train_return_window
                 and m.get("charts/episode_return_mean", float("-inf")) >= s.train_return):
             return f"charts/episode_return_mean {m['charts/episode_return_mean']:.1f} >= {s.train_return:g}"

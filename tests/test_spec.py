@@ -554,3 +554,15 @@ def test_readme_job_reference_is_current():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("<!-- job-reference:start -->\n", 1)[1].split("<!-- job-reference:end -->", 1)[0]
     assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.jobref"
+
+
+def test_eval_stop_needs_the_configured_rounds_in_a_row():
+    from rlctl.supervise import StopCriteria
+
+    job = validate_job({"job": {"name": "t", "stop": {"eval_return": 475.0, "eval_rounds": 3}},
+                        "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})
+    criteria = StopCriteria(job, started=0.0)
+    assert criteria.reached({"eval/return_mean": 500.0, "eval/streak": 2}, 0, 1.0) is None
+    assert criteria.reached({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0) == \
+        "eval/return_mean 500.0 >= 475 (3 rounds in a row)"
+    assert criteria.reached({"eval/return_mean": 400.0, "eval/streak": 0}, 0, 1.0) is None

@@ -59,6 +59,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model)
     evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
+    target = job.job.stop.eval_return
+    streak = 0  # consecutive rounds at or above the stop target
     metrics: dict = {}
     print(f"{rc.name}: {job.evaluator.episodes} greedy episodes per round on {job.env.id}", flush=True)
     while not stop:
@@ -69,12 +71,15 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             version = weights.version
             returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds)
             rounds += 1
+            streak = streak + 1 if target is not None and returns.mean() >= target else 0
             evaluated, next_at = version, now + job.evaluator.interval_s
             metrics = {"eval/return_mean": float(returns.mean()), "eval/return_min": float(returns.min()),
-                       "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds}
+                       "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds,
+                       "eval/streak": streak}
             print(f"{rc.name}: version {version}: return {returns.mean():.1f} (min {returns.min():.0f})", flush=True)
             control.heartbeat({**metrics, "net/dropped": weights.dropped})
-            if returns.mean() > best:
+            # >=: among equal scores keep the newest (most trained) weights.
+            if returns.mean() >= best:
                 best = float(returns.mean())
                 save_best(rc, model, obs_shape, n_actions, version, best)
         elif control.due():
