@@ -64,8 +64,8 @@ class BareLoop:
         import torch
 
         from rlctl.algos import apex
-        from rlctl.envs import make_vec_env, space_info
-        from rlctl.models import QNetwork
+        from rlctl.envs import env_space_info, make_vec_env
+        from rlctl.models import build_policy
         from rlctl.spec import load_job
 
         torch.set_num_threads(1)
@@ -76,9 +76,10 @@ class BareLoop:
         self.rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
         self.env = make_vec_env(job.env)
-        obs_shape, _, n_actions = space_info(self.env)
+        info = env_space_info(self.env)
+        n_actions = info.n_actions
         self.n = n = self.env.num_envs
-        self.model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
+        self.model = build_policy(job, info)
         self.model.eval()
         self.eps = apex.epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
         self.explore = apex.EpsilonGreedy(self.eps, n_actions, self.rng)  # the collector's own epsilon-greedy
@@ -121,8 +122,8 @@ class Peers:
     def __init__(self, keys: wire.CurveKeys, endpoints: dict, job_path: Path):
         import torch
 
-        from rlctl.envs import make_vec_env, space_info
-        from rlctl.models import QNetwork, flat_parameters
+        from rlctl.envs import probe_space_info
+        from rlctl.models import build_policy, flat_parameters
         from rlctl.spec import load_job
 
         self.control = H.ControlRouter(keys, endpoints["control"])
@@ -130,11 +131,8 @@ class Peers:
         self.pub = self.net.server(zmq.PUB, endpoints["weights"], sndhwm=2)
         self.sink = self.net.server(zmq.PULL, endpoints["replay"][0]["experience"], rcvhwm=1000)
         job = load_job(job_path)
-        probe = make_vec_env(job.env, num_envs=1)
-        obs_shape, _, n_actions = space_info(probe)
-        probe.close()
         torch.manual_seed(0)
-        net = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
+        net = build_policy(job, probe_space_info(job.env))
         self.params = flat_parameters(net).numpy()
         self.version = 0
         self.next_pub = 0.0

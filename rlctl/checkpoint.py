@@ -41,14 +41,16 @@ def load_checkpoint(path: str | Path) -> dict:
 
 def evaluate_checkpoint(path: str | Path, episodes: int, seed: int) -> dict:
     """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths."""
-    from rlctl.models import QNetwork
+    from rlctl.envs import SpaceInfo
+    from rlctl.models import build_policy
     from rlctl.roles.evaluator import greedy_episodes
     from rlctl.spec import validate_job
 
     data = load_checkpoint(path)
     spec = validate_job(data["job"], f"{path}:job")
-    model = QNetwork(tuple(data["obs_shape"]), int(data["n_actions"]), spec.model.hidden, spec.model.activation,
-                     spec.algorithm.dueling)
+    if "space" not in data:
+        raise CheckpointError("checkpoint has no 'space' record (written by an older rlctl)")
+    model = build_policy(spec, SpaceInfo.from_dict(data["space"]))
     model.load_state_dict(data["model"])
     returns, lengths = greedy_episodes(model, spec.env, episodes, seed)
     return {"checkpoint": str(path), "updates": int(data.get("updates", 0)), "episodes": episodes,

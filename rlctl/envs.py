@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -38,9 +39,51 @@ def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.Vecto
     return gym.make_vec(env_id, num_envs=num, vectorization_mode=mode, **kwargs)
 
 
-def space_info(env: gym.vector.VectorEnv) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(single observation shape, its dtype, number of discrete actions) of a vector env."""
+@dataclass(frozen=True)
+class SpaceInfo:
+    """What a policy needs to know of an env: observation shape/dtype and the action space (Discrete or Box)."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    n_actions: int = 0  # Discrete: number of actions; 0 for Box
+    action_shape: tuple[int, ...] = ()  # Box: action shape
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def discrete(self) -> bool:
+        """True for a Discrete action space."""
+        return self.n_actions > 0
+
+    def to_dict(self) -> dict:
+        """Plain data for checkpoints."""
+        return {"obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype, "n_actions": self.n_actions,
+                "action_shape": list(self.action_shape), "action_low": list(self.action_low),
+                "action_high": list(self.action_high)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SpaceInfo":
+        """Inverse of to_dict."""
+        return cls(tuple(d["obs_shape"]), d.get("obs_dtype", "float32"), int(d.get("n_actions", 0)),
+                   tuple(d.get("action_shape", ())), tuple(d.get("action_low", ())), tuple(d.get("action_high", ())))
+
+
+def env_space_info(env: gym.vector.VectorEnv) -> SpaceInfo:
+    """SpaceInfo of a vector env; Discrete and Box action spaces are supported."""
     obs, act = env.single_observation_space, env.single_action_space
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ValueError(f"this algorithm needs a discrete action space, got {act}")
-    return tuple(obs.shape), np.dtype(obs.dtype), int(act.n)
+    if isinstance(act, gym.spaces.Discrete):
+        return SpaceInfo(tuple(obs.shape), str(np.dtype(obs.dtype)), n_actions=int(act.n))
+    if isinstance(act, gym.spaces.Box):
+        return SpaceInfo(tuple(obs.shape), str(np.dtype(obs.dtype)), action_shape=tuple(act.shape),
+                         action_low=tuple(float(x) for x in act.low.reshape(-1)),
+                         action_high=tuple(float(x) for x in act.high.reshape(-1)))
+    raise ValueError(f"unsupported action space {act}: rlctl handles Discrete and Box")
+
+
+def probe_space_info(spec: EnvSpec) -> SpaceInfo:
+    """SpaceInfo of the job's env, from a one-env vector env that is closed again."""
+    env = make_vec_env(spec, num_envs=1)
+    try:
+        return env_space_info(env)
+    finally:
+        env.close()

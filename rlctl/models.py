@@ -61,6 +61,149 @@ class QNetwork(nn.Module):
         return value + advantage - advantage.mean(dim=1, keepdim=True)
 
 
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The greedy action per observation (argmax Q)."""
+        return self(obs).argmax(1)
+
+
+class ConvEncoder(nn.Module):
+    """Nature-DQN convolutions over image observations, (H, W, C) or (C, H, W); uint8 pixels scaled to [0, 1]."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_dim: int = 512):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"model.encoder = 'conv' needs image observations (H, W, C) or (C, H, W), got {obs_shape}")
+        # Channels are the smallest axis at either end (gymnasium's image envs are HWC, wrappers often make CHW).
+        self.channels_last = obs_shape[-1] < obs_shape[0]
+        c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if self.channels_last else obs_shape
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.conv(torch.zeros(1, c, h, w)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, *obs_shape] -> [B, out_dim]."""
+        x = obs.float()
+        if obs.dtype == torch.uint8:
+            x = x / 255.0
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.fc(self.conv(x))
+
+
+class FlatMLP(nn.Module):
+    """Flatten the observation, then an MLP trunk."""
+
+    def __init__(self, obs_shape: tuple[int, ...], hidden: Sequence[int], activation: str):
+        super().__init__()
+        self.trunk, self.out_dim = mlp(math.prod(obs_shape), hidden, activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """[B, *obs_shape] -> [B, out_dim]."""
+        return self.trunk(obs.reshape(obs.shape[0], -1).float())
+
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class ActorCritic(nn.Module):
+    """Policy and value for PPO/APPO/IMPALA: categorical over Discrete actions, diagonal Gaussian over Box.
+
+    With the `mlp` encoder actor and critic have separate trunks (as CleanRL and SB3 do for MLPs); with `conv`
+    they share the convolutions. Sampling and log-probs are written out rather than built from
+    torch.distributions, whose argument checks cost more than the math at collector batch sizes.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int = 0, action_dim: int = 0,
+                 hidden: Sequence[int] = (64, 64), activation: str = "tanh", encoder: str = "mlp",
+                 log_std_init: float = 0.0):
+        super().__init__()
+        if (n_actions > 0) == (action_dim > 0):
+            raise ValueError("give exactly one of n_actions (Discrete) or action_dim (Box)")
+        self.obs_shape = tuple(int(d) for d in obs_shape)
+        self.discrete = n_actions > 0
+        out = n_actions if self.discrete else action_dim
+        if encoder == "conv":
+            shared = ConvEncoder(self.obs_shape)
+            self.actor_body, self.critic_body = shared, shared
+            width = shared.out_dim
+            self.actor_head, self.critic_head = nn.Linear(width, out), nn.Linear(width, 1)
+        else:
+            self.actor_body, self.critic_body = (FlatMLP(self.obs_shape, hidden, activation),
+                                                 FlatMLP(self.obs_shape, hidden, activation))
+            self.actor_head = nn.Linear(self.actor_body.out_dim, out)
+            self.critic_head = nn.Linear(self.critic_body.out_dim, 1)
+        # Small last-layer init (as CleanRL/SB3): the first policy is near uniform / near zero mean.
+        nn.init.orthogonal_(self.actor_head.weight, 0.01)
+        nn.init.zeros_(self.actor_head.bias)
+        nn.init.orthogonal_(self.critic_head.weight, 1.0)
+        nn.init.zeros_(self.critic_head.bias)
+        self.log_std = None if self.discrete else nn.Parameter(torch.full((action_dim,), float(log_std_init)))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits or Gaussian means [B, A], values [B])."""
+        head = self.actor_head(self.actor_body(obs))
+        return head, self.critic_head(self.critic_body(obs)).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """State values [B]."""
+        return self.critic_head(self.critic_body(obs)).squeeze(-1)
+
+    def log_prob_entropy(self, head: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of `actions` and the policy entropy, both [B]."""
+        if self.discrete:
+            logp_all = torch.log_softmax(head, dim=-1)
+            logp = logp_all.gather(1, actions.long().reshape(-1, 1)).squeeze(1)
+            return logp, -(logp_all.exp() * logp_all).sum(-1)
+        log_std = self.log_std.expand_as(head)
+        z = (actions.reshape(head.shape) - head) * torch.exp(-log_std)
+        logp = (-0.5 * z.pow(2) - log_std - 0.5 * _LOG_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * _LOG_2PI + log_std).sum(-1)
+        return logp, entropy
+
+    def sample(self, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled actions and their log-probabilities."""
+        if self.discrete:
+            logp_all = torch.log_softmax(head, dim=-1)
+            # Gumbel-max: one argmax instead of a multinomial draw.
+            gumbel = -torch.log(-torch.log(torch.rand_like(logp_all).clamp_(1e-20, 1.0)))
+            actions = (logp_all + gumbel).argmax(-1)
+            return actions, logp_all.gather(1, actions.reshape(-1, 1)).squeeze(1)
+        noise = torch.randn_like(head)
+        actions = head + noise * torch.exp(self.log_std)
+        logp = (-0.5 * noise.pow(2) - self.log_std - 0.5 * _LOG_2PI).sum(-1)
+        return actions, logp
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward for a collector step: (actions, their log-probs, values)."""
+        head, value = self(obs)
+        actions, logp = self.sample(head)
+        return actions, logp, value
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action: argmax for Discrete, the Gaussian mean for Box."""
+        head = self.actor_head(self.actor_body(obs))
+        return head.argmax(-1) if self.discrete else head
+
+
+def build_policy(job, info) -> nn.Module:
+    """The network a job trains, for its env's spaces (`job` a JobSpec, `info` an envs.SpaceInfo)."""
+    algo, model = job.algorithm, job.model
+    if algo.name == "apex":
+        if not info.discrete:
+            raise ValueError(f"apex needs a Discrete action space; {job.env.id} has a Box one (use ppo, appo or impala)")
+        if model.encoder != "mlp":
+            raise ValueError("apex supports model.encoder = 'mlp' only")
+        return QNetwork(info.obs_shape, info.n_actions, model.hidden, model.activation, algo.dueling)
+    return ActorCritic(info.obs_shape, n_actions=info.n_actions,
+                       action_dim=0 if info.discrete else math.prod(info.action_shape),
+                       hidden=model.hidden, activation=model.activation, encoder=model.encoder,
+                       log_std_init=algo.log_std_init)
+
+
 def flat_parameters(module: nn.Module) -> torch.Tensor:
     """Return all parameters as one detached, contiguous float32 1-D tensor (parameters() order)."""
     chunks = [p.detach().reshape(-1).to(torch.float32) for p in module.parameters()]

@@ -13,7 +13,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, launcher_for
-from rlctl.spec import HostSpec, JobSpec
+from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
 
 SECRET_MASK = "********"
 ROLE_MODULES = {
@@ -76,7 +76,8 @@ class LaunchPlan:
 
 def ports_needed(spec: JobSpec) -> int:
     """Size of the job's contiguous port range."""
-    return 3 + 2 * spec.replay_shard_count + 1
+    rollout_ports = 0 if spec.algorithm.name in OFF_POLICY else spec.learner_ranks
+    return 3 + 2 * spec.replay_shard_count + rollout_ports + 1
 
 
 def default_base_port(spec: JobSpec) -> int:
@@ -141,6 +142,10 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
         replay_eps.append({"host": h.name, "experience": f"tcp://{addr(h)}:{exp}", "sample": f"tcp://{addr(h)}:{smp}",
                            "bind_experience": f"tcp://{_bind(h, all_local)}:{exp}",
                            "bind_sample": f"tcp://{_bind(h, all_local)}:{smp}"})
+    # Rollout algorithms: one PULL socket per learner rank; collector c sends to rank c % ranks.
+    learner_nodes = [h for h in hosts if h.learner]
+    rollout_ports = [] if spec.algorithm.name in OFF_POLICY else [next(port) for _ in range(spec.learner_ranks)]
+    procs_per_node = spec.topology.learner_procs
     # The supervisor's control socket lives on the launching machine.
     endpoints: dict[str, object] = {
         "control": f"tcp://127.0.0.1:{control_port}",
@@ -148,6 +153,9 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
         "rendezvous": f"{addr(head)}:{rdzv_port}",
         "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
     }
+    if rollout_ports:
+        endpoints["rollouts"] = [f"tcp://{addr(learner_nodes[r // procs_per_node])}:{p}"
+                                 for r, p in enumerate(rollout_ports)]
     base_env = {
         "RLCTL_RUN_ID": run_id,
         "RLCTL_JOB": f"{run_dir}/job.toml",
@@ -169,14 +177,18 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
     for rank, (h, r) in enumerate(zip(shards, replay_eps)):
         add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
             {"experience": r["bind_experience"], "sample": r["bind_sample"]})
-    for node, h in enumerate(x for x in hosts if x.learner):
+    for node, h in enumerate(learner_nodes):
         argv = ["{python}", "-m", "torch.distributed.run",
                 "--nnodes", "1", "--nproc-per-node", str(spec.topology.learner_procs), "--node-rank", str(node),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", str(endpoints["rendezvous"]), "--rdzv-id", run_id,
                 "--max-restarts", "0", "--monitor-interval", "0.2",
                 "-m", ROLE_MODULES["learner"]]
-        add("learner", node, h, argv, {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
-                                       "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"})
+        binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
+                 "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}
+        for rank in range(node * procs_per_node, (node + 1) * procs_per_node):
+            if rollout_ports:
+                binds[f"rollouts-{rank}"] = f"tcp://{_bind(h, all_local)}:{rollout_ports[rank]}"
+        add("learner", node, h, argv, binds)
     evaluators = [h for h in hosts if h.evaluator]
     for rank, h in enumerate(evaluators):
         add("evaluator", rank, h, ["{python}", "-m", ROLE_MODULES["evaluator"]], {})

@@ -130,16 +130,111 @@ class ApexSpec(Section):
     """Sample requests each learner rank keeps in flight (pipelined sampling)."""
 
 
-AlgorithmSpec = Annotated[Union[ApexSpec], Field(discriminator="name")]
-ALGORITHMS = ("apex",)
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Coef = Annotated[float, Field(ge=0, le=1e6)]
+
+
+class OnPolicySpec(Section):
+    """Fields every rollout-based algorithm shares (collectors send fixed-length rollouts to the learner)."""
+
+    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
+    """Discount factor."""
+    rollout_len: Annotated[int, Field(ge=1, le=1 << 16)] = 32
+    """Steps per env in one rollout (all taken with one policy version)."""
+    lr: Annotated[float, Field(gt=0, le=1)] = 3e-4
+    """Learning rate."""
+    lr_anneal_steps: PosInt | None = None
+    """Env steps over which the learning rate falls linearly to 0; unset = constant."""
+    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
+    """Optimizer epsilon."""
+    vf_coef: Coef = 0.5
+    """Value-loss coefficient."""
+    ent_coef: Coef = 0.0
+    """Entropy-bonus coefficient."""
+    max_grad_norm: Annotated[float, Field(gt=0, le=1e9)] = 0.5
+    """Global gradient-norm clip."""
+    reward_scale: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """Rewards are multiplied by this on the learner (episode returns are reported unscaled)."""
+    log_std_init: Annotated[float, Field(ge=-20, le=5)] = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box action spaces)."""
+
+
+class PPOSpec(OnPolicySpec):
+    """Synchronous PPO: every collector sends one rollout per policy version; learner ranks train in lockstep (DDP)."""
+
+    name: Literal["ppo"]
+    gae_lambda: Fraction = 0.95
+    """GAE lambda."""
+    epochs: Annotated[int, Field(ge=1, le=1000)] = 10
+    """Passes over each round's rollouts."""
+    minibatches: Annotated[int, Field(ge=1, le=1 << 16)] = 4
+    """Minibatches per epoch and learner rank."""
+    clip: Annotated[float, Field(gt=0, le=10)] = 0.2
+    """Surrogate clip range."""
+    value_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    """Clip the value update to this range around the behaviour value; unset = no value clipping."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+
+
+class APPOSpec(PPOSpec):
+    """Asynchronous PPO: collectors never wait; the learner trains on whatever rollouts arrive within the lag bound."""
+
+    name: Literal["appo"]  # type: ignore[assignment]
+    epochs: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Passes over each batch of rollouts."""
+    minibatches: Annotated[int, Field(ge=1, le=1 << 16)] = 1
+    """Minibatches per epoch and learner rank."""
+    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
+    """Rollouts each learner rank trains on per update."""
+    max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 10
+    """Rollouts more than this many versions behind the learner are dropped (and counted)."""
+    vtrace: bool = False
+    """Value targets and advantages from V-trace on current values (as Sample Factory's APPO), instead of GAE."""
+    rho_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """V-trace importance-weight clip for the value target and advantage (rho-bar)."""
+    c_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """V-trace trace-cutting clip (c-bar)."""
+
+
+class IMPALASpec(OnPolicySpec):
+    """IMPALA: actor-critic with V-trace targets computed on the learner from the behaviour log-probs."""
+
+    name: Literal["impala"]
+    lr: Annotated[float, Field(gt=0, le=1)] = 6e-4
+    """Learning rate."""
+    ent_coef: Coef = 0.01
+    """Entropy-bonus coefficient."""
+    max_grad_norm: Annotated[float, Field(gt=0, le=1e9)] = 40.0
+    """Global gradient-norm clip."""
+    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
+    """`rmsprop` (as the IMPALA paper) or `adam`."""
+    rmsprop_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
+    """RMSProp smoothing constant."""
+    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
+    """Rollouts each learner rank trains on per update."""
+    max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 20
+    """Rollouts more than this many versions behind the learner are dropped (and counted)."""
+    rho_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """V-trace importance-weight clip (rho-bar)."""
+    c_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """V-trace trace-cutting clip (c-bar)."""
+
+
+AlgorithmSpec = Annotated[Union[ApexSpec, PPOSpec, APPOSpec, IMPALASpec], Field(discriminator="name")]
+ALGORITHM_SPECS: dict[str, type[Section]] = {"apex": ApexSpec, "ppo": PPOSpec, "appo": APPOSpec, "impala": IMPALASpec}
+ALGORITHMS = tuple(ALGORITHM_SPECS)
 OFF_POLICY = frozenset({"apex"})
+# Synchronous algorithms: collectors wait for each new version; asynchronous ones never do.
+SYNCHRONOUS = frozenset({"ppo"})
 
 
 class ModelSpec(Section):
     """The network."""
 
-    encoder: Literal["mlp"] = "mlp"
-    """Observation encoder: `mlp` over flattened observations."""
+    encoder: Literal["mlp", "conv"] = "mlp"
+    """Observation encoder: `mlp` over flattened observations, or `conv` (Nature-DQN convolutions) for image
+    observations shaped (H, W, C) or (C, H, W), uint8 pixels scaled to [0, 1]."""
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(min_length=1, max_length=16)] = [64, 64]
     """Hidden layer widths."""
     activation: Literal["relu", "tanh", "elu"] = "relu"
@@ -270,6 +365,14 @@ class JobSpec(Section):
     hosts: list[HostSpec] = []
 
     @model_validator(mode="after")
+    def _check_collectors(self) -> "JobSpec":
+        if self.algorithm.name not in OFF_POLICY and self.collector_count < self.learner_ranks:
+            where = "hosts" if self.hosts else "topology.collectors"
+            raise ValueError(f"{where}: {self.algorithm.name} sends each collector's rollouts to one learner rank, so it "
+                             f"needs at least one collector per rank ({self.collector_count} < {self.learner_ranks})")
+        return self
+
+    @model_validator(mode="after")
     def _check_hosts(self) -> "JobSpec":
         if not self.hosts:
             return self
@@ -330,9 +433,12 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         if isinstance(item, int):
             continue
         if model is JobSpec and item == "algorithm":
-            model = ApexSpec
+            model = "algorithm"  # the next item is the tag pydantic inserted
             continue
-        if model is ApexSpec and item in ALGORITHMS:
+        if model == "algorithm":
+            model = ALGORITHM_SPECS.get(item)
+            if model is None:
+                return None
             continue
         field = getattr(model, "model_fields", {}).get(item)
         if field is None:

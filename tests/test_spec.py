@@ -164,7 +164,7 @@ BAD_CASES = {
     "out-of-range-negative": (MINIMAL + "[topology]\ncollectors = -1\n", "topology.collectors", "greater than or equal"),
     "nan": (MINIMAL + "[replay]\nalpha = nan\n", "replay.alpha", "finite"),
     "inf": (MINIMAL + "[job.stop]\nwall_s = inf\n", "job.stop.wall_s", "finite"),
-    "unknown-algorithm": (MINIMAL.replace('"apex"', '"ppo"'), "algorithm", "unknown algorithm 'ppo'"),
+    "unknown-algorithm": (MINIMAL.replace('"apex"', '"sac"'), "algorithm", "unknown algorithm 'sac'"),
     "algorithm-without-name": (MINIMAL.replace('name = "apex"', "gamma = 0.9"), "algorithm", "missing key 'name'"),
     "missing-env": (MINIMAL.replace('[env]\nid = "CartPole-v1"\n', ""), "env", "required key is missing"),
     "missing-env-id": (MINIMAL.replace('id = "CartPole-v1"', "envs_per_collector = 2"), "env.id", "required"),
@@ -333,7 +333,7 @@ def test_dumps_toml_rejects_unserializable():
 def _schema_keys() -> list[str]:
     """Every key name the schema knows (section names, field names), plus the algorithm tag."""
     seen: set[str] = set()
-    todo: list[type[BaseModel]] = [JobSpec, spec_mod.ApexSpec]
+    todo: list[type[BaseModel]] = [JobSpec, *spec_mod.ALGORITHM_SPECS.values()]
     done: set[type] = set()
     while todo:
         model = todo.pop()

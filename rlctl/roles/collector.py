@@ -1,7 +1,10 @@
 """Collector role: steps a gymnasium vector env with the newest policy and pushes experience.
 
-Started as `python -m rlctl.roles.collector` by the supervisor; everything it
-needs comes from the environment (see roles/context.py).
+Two modes on one loop skeleton: off-policy algorithms (Ape-X) send n-step
+transitions with initial priorities to replay shards; rollout algorithms (PPO,
+APPO, IMPALA) send fixed-length rollouts, each taken with one policy version,
+to one learner rank. Started as `python -m rlctl.roles.collector` by the
+supervisor; everything it needs comes from the environment (see roles/context.py).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import zmq
 
 from rlctl import wire
 from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder
-from rlctl.envs import make_vec_env, space_info
-from rlctl.models import QNetwork, load_flat_parameters
+from rlctl.envs import SpaceInfo, env_space_info, make_vec_env
+from rlctl.models import ActorCritic, build_policy, load_flat_parameters
+from rlctl.spec import OFF_POLICY, SYNCHRONOUS
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 
@@ -54,81 +58,132 @@ class WeightSubscriber:
 
 
 class ExperienceSender:
-    """PUSH to every replay shard (ZeroMQ spreads batches over the shards that have room)."""
+    """PUSH to replay shards (ZeroMQ spreads batches over the shards that have room) or to one learner rank."""
 
-    def __init__(self, net: wire.SecureContext, endpoints: list[str], sender: str):
+    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str = "experience"):
         # Small queues and kernel buffers: when shards rate-limit, a collector blocks within a few batches
         # instead of parking tens of thousands of stale transitions in TCP buffers.
         self.sock = net.client(zmq.PUSH, endpoints, sndhwm=2, sndbuf=EXPERIENCE_SOCKET_BUFFER)
-        self.sender = sender
+        self.sender, self.kind = sender, kind
         self.sent = 0
 
     def try_send(self, batch: dict[str, np.ndarray], version: int) -> bool:
         """Send unless every shard is full (backpressure from a rate-limited shard)."""
         try:
-            wire.send(self.sock, "experience", self.sender, version, None, batch, flags=zmq.NOBLOCK)
+            wire.send(self.sock, self.kind, self.sender, version, None, batch, flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
-        self.sent += len(batch["reward"])
+        self.sent += batch["reward"].size
         return True
+
+    def send_blocking(self, batch: dict[str, np.ndarray], version: int, stop: StopFlag, on_wait) -> bool:
+        """Send, waiting for room (backpressure) while calling `on_wait`; False if stopped first."""
+        while not stop:
+            if self.try_send(batch, version):
+                return True
+            self.sock.poll(20, zmq.POLLOUT)
+            on_wait()
+        return False
+
+
+class EpisodeTracker:
+    """Running return and length of every env slot; finished episodes are kept until the next report."""
+
+    def __init__(self, n_envs: int):
+        self.ep_return = np.zeros(n_envs, dtype=np.float64)
+        self.ep_length = np.zeros(n_envs, dtype=np.int64)
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+
+    def step(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
+        """Account one vector step (reset steps after an episode end are not `valid`)."""
+        self.ep_return += rewards * valid
+        self.ep_length += valid
+        if done.any():
+            self.returns.extend(self.ep_return[done].tolist())
+            self.lengths.extend(self.ep_length[done].tolist())
+            self.ep_return[done] = 0.0
+            self.ep_length[done] = 0
+
+    def take(self) -> dict:
+        """The finished episodes since the last call, as heartbeat fields."""
+        out = {"episode_returns": self.returns[-1000:], "episode_lengths": self.lengths[-1000:]}
+        self.returns, self.lengths = [], []
+        return out
+
+
+class CollectorReport:
+    """Heartbeats with env-step rate, episodes and weight version, when due."""
+
+    def __init__(self, control: ControlClient, weights: WeightSubscriber, sender: ExperienceSender,
+                 episodes: EpisodeTracker):
+        self.control, self.weights, self.sender, self.episodes = control, weights, sender, episodes
+        self.env_steps = 0
+        self.last_steps, self.last_t = 0, time.monotonic()
+        self.extra: dict = {}
+
+    def __call__(self) -> None:
+        """Send a heartbeat if one is due."""
+        now = time.monotonic()
+        if not self.control.due(now):
+            return
+        rate = (self.env_steps - self.last_steps) / max(now - self.last_t, 1e-9)
+        self.last_steps, self.last_t = self.env_steps, now
+        self.control.heartbeat({
+            "env_steps": self.env_steps, "charts/env_steps_per_s": rate,
+            "collector/weight_version": self.weights.version, "collector/sent": self.sender.sent,
+            **self.episodes.take(), "net/dropped": self.weights.dropped, **self.extra,
+        })
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
-    """The collector loop: act, step, accumulate n-step transitions, send batches, report."""
+    """Build the env, policy and sockets, then run the transition or the rollout loop."""
     torch.set_num_threads(1)
-    job, algo = rc.job, rc.job.algorithm
-    rng = np.random.default_rng(rc.seed)
     torch.manual_seed(rc.seed)
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
-    env = make_vec_env(job.env)
-    obs_shape, obs_dtype, n_actions = space_info(env)
-    n_envs = env.num_envs
-    model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling)
+    env = make_vec_env(rc.job.env)
+    info = env_space_info(env)
+    model = build_policy(rc.job, info)
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model)
+    print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
+          f"pid {os.getpid()}", flush=True)
+    try:
+        if rc.job.algorithm.name in OFF_POLICY:
+            run_transitions(rc, stop, env, info, model, weights, control, net)
+        else:
+            run_rollouts(rc, stop, env, info, model, weights, control, net)
+    finally:
+        env.close()
+        net.close()
+
+
+def run_transitions(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: torch.nn.Module,
+                    weights: WeightSubscriber, control: ControlClient, net: wire.SecureContext) -> None:
+    """Ape-X: act epsilon-greedily, accumulate n-step transitions, send chunks to the replay shards."""
+    algo, n_envs, n_actions = rc.job.algorithm, env.num_envs, info.n_actions
+    rng = np.random.default_rng(rc.seed)
     sender = ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name)
     # Ape-X ladder over every env slot of the job, so each slot explores at its own rate.
-    ladder = epsilon_ladder(job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
+    ladder = epsilon_ladder(rc.job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
     eps = ladder[rc.rank * n_envs:(rc.rank + 1) * n_envs]
     explore = EpsilonGreedy(eps, n_actions, rng)
     # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step.
-    chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, obs_shape, obs_dtype, chunk=-(-algo.send_batch // n_envs),
-                           n_actions=n_actions)
+    chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, info.obs_shape, np.dtype(info.obs_dtype),
+                           chunk=-(-algo.send_batch // n_envs), n_actions=n_actions)
+    episodes = EpisodeTracker(n_envs)
+    report = CollectorReport(control, weights, sender, episodes)
+    print(f"{rc.name}: eps {eps.min():.4f}..{eps.max():.4f}", flush=True)
 
     obs, _ = env.reset(seed=rc.seed)
     prev_done = np.zeros(n_envs, dtype=bool)
-    ep_return = np.zeros(n_envs, dtype=np.float64)
-    ep_length = np.zeros(n_envs, dtype=np.int64)
-    finished_returns: list[float] = []
-    finished_lengths: list[int] = []
     ready: dict[str, np.ndarray] | None = None
-    env_steps = 0
-    last_steps, last_t = 0, time.monotonic()
-
-    def _report_if_due() -> None:
-        nonlocal last_steps, last_t, finished_returns, finished_lengths
-        now = time.monotonic()
-        if not control.due(now):
-            return
-        rate = (env_steps - last_steps) / max(now - last_t, 1e-9)
-        last_steps, last_t = env_steps, now
-        control.heartbeat({
-            "env_steps": env_steps, "charts/env_steps_per_s": rate,
-            "collector/weight_version": weights.version, "collector/sent": sender.sent,
-            "episode_returns": finished_returns[-1000:], "episode_lengths": finished_lengths[-1000:],
-            "net/dropped": weights.dropped,
-        })
-        finished_returns, finished_lengths = [], []
-
-    print(f"{rc.name}: {n_envs} x {job.env.id} ({type(env).__name__}), eps {eps.min():.4f}..{eps.max():.4f}, pid {os.getpid()}",
-          flush=True)
-
     while not stop:
         if ready is not None and not sender.try_send(ready, weights.version):
             # Every shard is full (rate limit): wait for room rather than step ahead with a stale policy.
             sender.sock.poll(20, zmq.POLLOUT)
-            _report_if_due()
+            report()
             continue
         ready = None
         weights.poll()
@@ -140,21 +195,86 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         # The acting Q-values also give each transition's initial priority (no second forward pass).
         full = chunker.add(obs, actions, rewards, next_obs, terminated, truncated, valid, q=q.numpy())
         done = terminated | truncated
-        ep_return += rewards * valid
-        ep_length += valid
-        if done.any():
-            finished_returns.extend(ep_return[done].tolist())
-            finished_lengths.extend(ep_length[done].tolist())
-            ep_return[done] = 0.0
-            ep_length[done] = 0
+        episodes.step(rewards, done, valid)
         prev_done = done
         obs = next_obs
-        env_steps += int(valid.sum())
+        report.env_steps += int(valid.sum())
         if full:
             ready = chunker.take()
-        _report_if_due()
-    env.close()
-    net.close()
+        report()
+
+
+class RolloutBuffer:
+    """Preallocated arrays of one rollout: T steps of N envs plus the (T+1)th observation and value."""
+
+    def __init__(self, T: int, n_envs: int, info: SpaceInfo):
+        self.T = T
+        act_shape, act_dtype = ((), np.int64) if info.discrete else (info.action_shape, np.float32)
+        self.arrays = {
+            "obs": np.empty((T + 1, n_envs, *info.obs_shape), dtype=info.obs_dtype),
+            "value": np.zeros((T + 1, n_envs), dtype=np.float32),
+            "action": np.zeros((T, n_envs, *act_shape), dtype=act_dtype),
+            "logp": np.zeros((T, n_envs), dtype=np.float32),
+            "reward": np.zeros((T, n_envs), dtype=np.float32),
+            "terminated": np.zeros((T, n_envs), dtype=bool),
+            "done": np.zeros((T, n_envs), dtype=bool),
+            "valid": np.zeros((T, n_envs), dtype=bool),
+        }
+
+
+def run_rollouts(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: ActorCritic,
+                 weights: WeightSubscriber, control: ControlClient, net: wire.SecureContext) -> None:
+    """PPO/APPO/IMPALA: rollouts of `rollout_len` steps, one policy version each, to this collector's learner rank.
+
+    Synchronous PPO waits after each rollout for the next version (every round is on-policy); APPO and IMPALA
+    take whatever version is newest when a rollout starts and never wait for the learner.
+    """
+    algo, n_envs = rc.job.algorithm, env.num_envs
+    synchronous = algo.name in SYNCHRONOUS
+    ranks = rc.endpoints["rollouts"]
+    sender = ExperienceSender(net, ranks[rc.rank % len(ranks)], rc.name, kind="rollout")
+    episodes = EpisodeTracker(n_envs)
+    report = CollectorReport(control, weights, sender, episodes)
+    low = np.asarray(info.action_low, dtype=np.float32).reshape(info.action_shape) if not info.discrete else None
+    high = np.asarray(info.action_high, dtype=np.float32).reshape(info.action_shape) if not info.discrete else None
+    obs, _ = env.reset(seed=rc.seed)
+    prev_done = np.zeros(n_envs, dtype=bool)
+    sent_version = -1
+    while not stop:
+        weights.poll()
+        if weights.version < 0 or (synchronous and weights.version <= sent_version):
+            weights.sock.poll(50)  # waiting for the first weights, or (PPO) for the next version
+            report()
+            continue
+        version = weights.version
+        # A fresh buffer per rollout: the previous one may still be queued in ZeroMQ (sent without a copy).
+        buf = RolloutBuffer(algo.rollout_len, n_envs, info)
+        a = buf.arrays
+        with torch.no_grad():
+            for t in range(buf.T):
+                actions, logp, value = model.act(torch.from_numpy(obs))
+                act_np = actions.numpy()
+                a["obs"][t] = obs
+                a["action"][t] = act_np
+                a["logp"][t] = logp.numpy()
+                a["value"][t] = value.numpy()
+                # The Gaussian's sample is kept as drawn (its log-prob); the env gets it clipped to the bounds.
+                obs, rewards, terminated, truncated, _ = env.step(act_np if low is None else np.clip(act_np, low, high))
+                done = terminated | truncated
+                valid = ~prev_done
+                a["reward"][t] = rewards
+                a["terminated"][t] = terminated
+                a["done"][t] = done
+                a["valid"][t] = valid
+                episodes.step(rewards, done, valid)
+                prev_done = done
+                report.env_steps += int(valid.sum())
+            a["obs"][buf.T] = obs
+            a["value"][buf.T] = model.value(torch.from_numpy(obs)).numpy()
+        if not sender.send_blocking(a, version, stop, report):
+            break
+        sent_version = version
+        report()
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 
 from rlctl import wire
-from rlctl.envs import make_vec_env, space_info
-from rlctl.models import QNetwork
+from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
+from rlctl.models import build_policy
 from rlctl.roles.collector import WeightSubscriber
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.checkpoint import save_checkpoint
@@ -22,13 +23,17 @@ from rlctl.spec import EnvSpec, resolved_dict
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths)."""
     env = make_vec_env(env_spec, num_envs=episodes)
+    space = env.single_action_space
+    bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     obs, _ = env.reset(seed=seed)
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
     running = np.ones(episodes, dtype=bool)
     with torch.no_grad():
         while running.any():
-            actions = model(torch.from_numpy(np.asarray(obs))).argmax(1).numpy()
+            actions = model.greedy(torch.from_numpy(np.asarray(obs))).numpy()
+            if bounds is not None:
+                actions = np.clip(actions, *bounds)
             obs, rewards, terminated, truncated, _ = env.step(actions)
             returns += rewards * running
             lengths += running
@@ -37,12 +42,11 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
     return returns, lengths
 
 
-def save_best(rc: RoleContext, model: torch.nn.Module, obs_shape: tuple, n_actions: int, version: int,
-              eval_return: float) -> None:
+def save_best(rc: RoleContext, model: torch.nn.Module, info: SpaceInfo, version: int, eval_return: float) -> None:
     """Keep the best-scoring weights so far as checkpoints/best.pt (what SB3's EvalCallback calls best_model)."""
     save_checkpoint(rc.checkpoint_dir, {
-        "algorithm": rc.job.algorithm.name, "job": resolved_dict(rc.job), "obs_shape": list(obs_shape),
-        "n_actions": n_actions, "model": model.state_dict(), "version": version, "eval_return": eval_return,
+        "algorithm": rc.job.algorithm.name, "job": resolved_dict(rc.job), "space": info.to_dict(),
+        "model": model.state_dict(), "version": version, "eval_return": eval_return,
         "time": time.time()}, name="best.pt")
 
 
@@ -52,10 +56,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     job = rc.job
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
-    probe = make_vec_env(job.env, num_envs=1)
-    obs_shape, _, n_actions = space_info(probe)
-    probe.close()
-    model = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
+    info = probe_space_info(job.env)
+    model = build_policy(job, info)
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model)
     evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
@@ -81,7 +83,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             # >=: among equal scores keep the newest (most trained) weights.
             if returns.mean() >= best:
                 best = float(returns.mean())
-                save_best(rc, model, obs_shape, n_actions, version, best)
+                save_best(rc, model, info, version, best)
         elif control.due():
             control.heartbeat({**metrics, "net/dropped": weights.dropped})
     net.close()

@@ -1,4 +1,4 @@
-"""Learner role (Ape-X DQN), one process per torchrun rank.
+"""Learner role, one process per torchrun rank: Ape-X here, rollout algorithms in rollout_learner.
 
 Always started by torchrun, so one code path serves 1 CPU process and N
 nodes x M GPUs: DDP averages gradients; each rank samples from its own replay
@@ -21,10 +21,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from rlctl import wire
 from rlctl.algos.apex import targets_from_q, td_loss
 from rlctl.checkpoint import save_checkpoint
-from rlctl.envs import make_vec_env, space_info
-from rlctl.models import QNetwork, flat_parameters, parameter_digest
+from rlctl.envs import probe_space_info
+from rlctl.models import build_policy, flat_parameters, parameter_digest
+from rlctl.roles import rollout_learner
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
-from rlctl.spec import resolved_dict
+from rlctl.spec import OFF_POLICY, resolved_dict
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "keys", "weights")
 
@@ -84,13 +85,15 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     job, algo = rc.job, rc.job.algorithm
     device = learner_device(rc)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if algo.name not in OFF_POLICY:
+        rollout_learner.run(rc, stop, device)
+        dist.destroy_process_group()
+        return
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     torch.manual_seed(job.job.seed)
-    probe = make_vec_env(job.env, num_envs=1)
-    obs_shape, _, n_actions = space_info(probe)
-    probe.close()
-    online = QNetwork(obs_shape, n_actions, job.model.hidden, job.model.activation, algo.dueling).to(device)
+    info = probe_space_info(job.env)
+    online = build_policy(job, info).to(device)
     target = copy.deepcopy(online)
     # DDP only where there is something to average: with one rank its hooks cost 25-50% of a small update.
     model = DDP(online, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else online
@@ -110,8 +113,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         wire.send(pub, "weights", rc.name, version, None, {"params": flat})
 
     def checkpoint() -> None:
-        payload = {"algorithm": algo.name, "job": resolved_dict(job), "obs_shape": list(obs_shape),
-                   "n_actions": n_actions, "model": online.state_dict(), "target": target.state_dict(),
+        payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
+                   "model": online.state_dict(), "target": target.state_dict(),
                    "optimizer": opt.state_dict(), "updates": updates, "version": version, "time": time.time()}
         save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
 

@@ -1,0 +1,293 @@
+"""Learner loop of the rollout algorithms (PPO, APPO, IMPALA), one process per torchrun rank.
+
+Each rank binds its own PULL socket; collector c sends to rank c % ranks. PPO
+is synchronous: a round waits for one rollout of the current version from each
+of the rank's collectors, older ones are dropped and counted, every rank runs
+the same number of minibatch steps (DDP averages their gradients), and rank 0
+publishes the next version. APPO and IMPALA train on whatever rollouts arrive
+within `max_policy_lag` versions. Started through `rlctl.roles.learner`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import zmq
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from rlctl import wire
+from rlctl.algos.onpolicy import gae, impala_loss, ppo_loss, vtrace
+from rlctl.checkpoint import save_checkpoint
+from rlctl.envs import SpaceInfo, probe_space_info
+from rlctl.models import ActorCritic, build_policy, flat_parameters, parameter_digest
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag
+from rlctl.spec import SYNCHRONOUS, resolved_dict
+
+REPUBLISH_S = 1.0  # while waiting, rank 0 re-sends the current weights for collectors that joined late
+ROLLOUT_FIELDS = ("obs", "value", "action", "logp", "reward", "terminated", "done", "valid")
+
+
+class RolloutInbox:
+    """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, info: SpaceInfo, T: int):
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=64)
+        act = () if info.discrete else tuple(info.action_shape)
+        # field -> (leading rows, trailing shape, dtype)
+        self.layout = {"obs": (T + 1, tuple(info.obs_shape), np.dtype(info.obs_dtype)),
+                       "value": (T + 1, (), np.dtype(np.float32)),
+                       "action": (T, act, np.dtype(np.int64 if info.discrete else np.float32)),
+                       "logp": (T, (), np.dtype(np.float32)), "reward": (T, (), np.dtype(np.float32)),
+                       "terminated": (T, (), np.dtype(bool)), "done": (T, (), np.dtype(bool)),
+                       "valid": (T, (), np.dtype(bool))}
+        self.dropped = 0
+
+    def _valid(self, msg: wire.Message) -> bool:
+        if msg.kind != "rollout" or set(msg.arrays) != set(ROLLOUT_FIELDS):
+            return False
+        n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
+        for name, (rows, trailing, dtype) in self.layout.items():
+            a = msg.arrays[name]
+            if a.dtype != dtype or a.shape != (rows, n_envs, *trailing) or n_envs < 1:
+                return False
+        return True
+
+    def receive(self, timeout_ms: int) -> list[wire.Message]:
+        """Rollouts that arrived within `timeout_ms`."""
+        if not self.sock.poll(timeout_ms):
+            return []
+        out = []
+        for _, msg in wire.receive_waiting(self.sock):
+            if msg is None or not self._valid(msg):
+                self.dropped += 1
+            else:
+                out.append(msg)
+        return out
+
+
+def collector_index(sender: str) -> int:
+    """`collector-3` -> 3 (-1 for anything else)."""
+    role, _, rank = sender.rpartition("-")
+    return int(rank) if role == "collector" and rank.isdigit() else -1
+
+
+def stack_rollouts(msgs: list[wire.Message], device: torch.device) -> dict[str, torch.Tensor]:
+    """Concatenate rollouts along the env axis into [T(+1), B, ...] tensors on `device`."""
+    return {k: torch.from_numpy(np.concatenate([m.arrays[k] for m in msgs], axis=1)).to(device)
+            for k in ROLLOUT_FIELDS}
+
+
+class RolloutLearner:
+    """Model, optimizer and update rule of one rank; `update` turns a batch of rollouts into one new version."""
+
+    def __init__(self, rc: RoleContext, device: torch.device, world: int, info: SpaceInfo):
+        job, algo = rc.job, rc.job.algorithm
+        self.algo, self.device, self.info = algo, device, info
+        self.online: ActorCritic = build_policy(job, info).to(device)
+        self.model = DDP(self.online, device_ids=[device.index] if device.type == "cuda" else None) \
+            if world > 1 else self.online
+        if algo.name == "impala" and algo.optimizer == "rmsprop":
+            self.opt = torch.optim.RMSprop(self.online.parameters(), lr=algo.lr, alpha=algo.rmsprop_alpha,
+                                           eps=algo.adam_eps)
+        else:
+            self.opt = torch.optim.Adam(self.online.parameters(), lr=algo.lr, eps=algo.adam_eps)
+        # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank).
+        per_rollout = algo.rollout_len * job.env.envs_per_collector
+        rollouts = job.collector_count if algo.name in SYNCHRONOUS else algo.rollouts_per_batch * world
+        self.steps_per_version = per_rollout * rollouts
+        self.generator = torch.Generator().manual_seed(job.job.seed * 1000 + rc.rank)
+
+    def set_lr(self, version: int) -> float:
+        """Linear annealing to 0 over `lr_anneal_steps` env steps (constant when unset)."""
+        lr = self.algo.lr
+        if self.algo.lr_anneal_steps:
+            lr *= max(1.0 - version * self.steps_per_version / self.algo.lr_anneal_steps, 0.0)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _step(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
+        self.opt.step()
+
+    def _forward_all(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Heads and values of [T+1, B, ...] observations, through DDP: ([T+1, B, A], [T+1, B])."""
+        rows, b = obs.shape[:2]
+        head, value = self.model(obs.reshape(rows * b, *obs.shape[2:]))
+        return head.reshape(rows, b, -1), value.reshape(rows, b)
+
+    def update(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Train on one batch of rollouts; returns the loss statistics."""
+        algo = self.algo
+        rewards = r["reward"] * algo.reward_scale
+        T, B = rewards.shape
+        actions = r["action"]
+        if algo.name == "impala":
+            head, values = self._forward_all(r["obs"])
+            logp, entropy = self.online.log_prob_entropy(head[:T].reshape(T * B, -1), actions.reshape(T * B, -1))
+            logp, entropy = logp.reshape(T, B), entropy.reshape(T, B)
+            with torch.no_grad():
+                vs, pg_adv = vtrace(r["logp"], logp.detach(), rewards, values.detach(), r["terminated"], r["done"],
+                                    r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
+            loss, stats = impala_loss(logp, entropy, values[:T], vs, pg_adv, r["valid"].float(), algo.vf_coef,
+                                      algo.ent_coef)
+            self._step(loss)
+            return {k: float(v) for k, v in stats.items()}
+        # PPO and APPO.
+        with torch.no_grad():
+            if algo.name == "appo" and algo.vtrace:
+                head, values = self._forward_all(r["obs"])
+                logp_now, _ = self.online.log_prob_entropy(head[:T].reshape(T * B, -1), actions.reshape(T * B, -1))
+                returns, adv = vtrace(r["logp"], logp_now.reshape(T, B), rewards, values, r["terminated"], r["done"],
+                                      r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
+                old_values = values[:T]
+            else:
+                adv, returns = gae(rewards, r["value"], r["terminated"], r["done"], r["valid"], algo.gamma,
+                                   algo.gae_lambda)
+                old_values = r["value"][:T]
+        keep = r["valid"].reshape(-1).nonzero().squeeze(1)
+        flat = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:])[keep],
+                "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
+                "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
+        n = len(keep)
+        totals: dict[str, float] = {}
+        steps = 0
+        for _ in range(algo.epochs):
+            perm = torch.randperm(n, generator=self.generator).to(self.device)
+            # tensor_split always gives `minibatches` parts, so every rank takes the same number of DDP steps.
+            for idx in perm.tensor_split(algo.minibatches):
+                if len(idx) == 0:
+                    # Nothing here on this rank, but its peers wait for this step's all-reduce: a zero loss.
+                    self._step(sum(p.sum() * 0.0 for p in self.online.parameters()))
+                    continue
+                head, value = self.model(flat["obs"][idx])
+                logp, entropy = self.online.log_prob_entropy(head, flat["action"][idx])
+                adv_mb = flat["adv"][idx]
+                if algo.norm_adv and len(idx) > 1:
+                    adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
+                loss, stats = ppo_loss(logp, flat["logp"][idx], adv_mb, value, flat["v"][idx], flat["ret"][idx],
+                                       entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef)
+                self._step(loss)
+                steps += 1
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+        return {k: v / max(steps, 1) for k, v in totals.items()}
+
+
+def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
+    """The rollout learner loop (the process group is already initialised)."""
+    job, algo = rc.job, rc.job.algorithm
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    torch.manual_seed(job.job.seed)  # identical initial parameters on every rank
+    info = probe_space_info(job.env)
+    learner = RolloutLearner(rc, device, world, info)
+    online = learner.online
+    synchronous = algo.name in SYNCHRONOUS
+    net = wire.SecureContext(rc.keys)
+    control = ControlClient(net, rc)
+    inbox = RolloutInbox(net, rc.binds[f"rollouts-{rank}"], info, algo.rollout_len)
+    pub = net.server(zmq.PUB, rc.binds["weights"], sndhwm=2) if rank == 0 else None
+    mine = {c for c in range(job.collector_count) if c % world == rank}
+    version, saves, stale = 0, 0, 0
+    chain = ""  # hash chain of this rank's parameter digests after every version (compared across ranks)
+    last_publish = 0.0
+
+    def publish() -> None:
+        nonlocal last_publish
+        if pub is not None:
+            wire.send(pub, "weights", rc.name, version, None, {"params": flat_parameters(online).cpu().numpy()})
+            last_publish = time.monotonic()
+
+    def checkpoint() -> None:
+        payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
+                   "model": online.state_dict(), "optimizer": learner.opt.state_dict(), "updates": version,
+                   "version": version, "time": time.time()}
+        save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
+
+    def gather() -> list[wire.Message] | None:
+        """This version's batch: PPO one current rollout per own collector; else enough within the lag bound."""
+        nonlocal stale
+        got: dict[int, wire.Message] = {}
+        batch: list[wire.Message] = []
+        while True:
+            if stop or control.stop_requested():
+                stop.requested = True
+                return None
+            for msg in inbox.receive(50):
+                lag = version - msg.version
+                c = collector_index(msg.sender)
+                if synchronous:
+                    if lag == 0 and c in mine:
+                        got[c] = msg
+                    else:
+                        stale += 1  # from an older version (a collector that fell behind or restarted)
+                elif 0 <= lag <= algo.max_policy_lag:
+                    batch.append(msg)
+                else:
+                    stale += 1
+            if synchronous and len(got) == len(mine):
+                return [got[c] for c in sorted(got)]
+            if not synchronous and len(batch) >= algo.rollouts_per_batch:
+                return batch
+            now = time.monotonic()
+            if now - last_publish >= REPUBLISH_S:
+                publish()
+            if control.due(now):
+                control.heartbeat({"rank": rank, "learner/updates": version, "learner/waiting": 1,
+                                   "learner/rollouts_dropped": stale, "net/dropped": inbox.dropped})
+
+    publish()
+    print(f"{rc.name}: {algo.name} rank {rank}/{world} on {device}, {sum(p.numel() for p in online.parameters())} "
+          f"parameters, collectors {sorted(mine)}", flush=True)
+    next_ckpt = time.monotonic() + job.logging.checkpoint_interval_s
+    last_t, last_version, samples, lags, stats = time.monotonic(), 0, 0, [], {}
+    stop_flag = torch.zeros(1)
+    while True:
+        msgs = gather()
+        if world > 1:
+            # Ranks agree to stop at the same version so no rank is left inside a collective.
+            stop_flag.fill_(float(msgs is None))
+            dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
+            if stop_flag.item():
+                break
+        elif msgs is None:
+            break
+        lags.extend(version - m.version for m in msgs)
+        batch = stack_rollouts(msgs, device)
+        samples += int(batch["valid"].sum())
+        lr = learner.set_lr(version)
+        stats = learner.update(batch)
+        version += 1
+        publish()
+        if world > 1:
+            chain = hashlib.sha256((chain + parameter_digest(online)).encode()).hexdigest()
+        now = time.monotonic()
+        if rank == 0 and now >= next_ckpt:
+            saves += 1
+            checkpoint()
+            next_ckpt = now + job.logging.checkpoint_interval_s
+        if control.due(now):
+            dt = max(now - last_t, 1e-9)
+            control.heartbeat({
+                "rank": rank, **stats, "learner/updates": version, "learner/version": version,
+                "learner/updates_per_s": (version - last_version) / dt, "learner/samples_per_s": samples * world / dt,
+                "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0, "learner/rollouts_dropped": stale,
+                "learner/lr": lr, "learner/digest_chain": chain, "net/dropped": inbox.dropped})
+            last_t, last_version, samples, lags = now, version, 0, []
+    if rank == 0:
+        saves += 1
+        checkpoint()
+        publish()
+    control.send("heartbeat", {"pid": os.getpid(), "rank": rank, "metrics": {
+        "rank": rank, "learner/updates": version, "learner/version": version, "learner/rollouts_dropped": stale,
+        "learner/param_digest": parameter_digest(online), "learner/digest_chain": chain, "learner/final": 1}})
+    print(f"{rc.name}: stopped at version {version}; parameter digest {parameter_digest(online)[:16]}", flush=True)
+    net.close()
