@@ -21,11 +21,12 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, terminated: torch.Tensor, d
     T = rewards.shape[0]
     not_term = 1.0 - terminated.float()
     carry = 1.0 - done.float()  # the advantage chain stops at every episode end
-    deltas = (rewards + gamma * values[1:] * not_term - values[:-1]) * valid.float()
+    mask = valid.float()  # reset steps get 0 (they are left out of every loss)
+    deltas = rewards + gamma * values[1:] * not_term - values[:-1]
     adv = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
     for t in range(T - 1, -1, -1):
-        running = deltas[t] + gamma * lam * carry[t] * running
+        running = (deltas[t] + gamma * lam * carry[t] * running) * mask[t]
         adv[t] = running
     return adv, adv + values[:-1]
 
@@ -44,17 +45,18 @@ def vtrace(behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: tor
     c = torch.clamp(ratio, max=c_bar)
     not_term = 1.0 - terminated.float()
     carry = (1.0 - done.float()) * gamma  # traces never cross an episode end
-    deltas = rho * (rewards + gamma * values[1:] * not_term - values[:-1]) * valid.float()
+    mask = valid.float()  # reset steps: v_s = V(x_s), advantage 0
+    deltas = rho * (rewards + gamma * values[1:] * not_term - values[:-1])
     acc = torch.zeros_like(rewards[0])
     vs_minus_v = torch.zeros_like(rewards)
     for t in range(T - 1, -1, -1):
-        acc = deltas[t] + carry[t] * c[t] * acc
+        acc = (deltas[t] + carry[t] * c[t] * acc) * mask[t]
         vs_minus_v[t] = acc
     vs = vs_minus_v + values[:-1]
     # v_{s+1} for the advantage: the next step's target inside an episode, V(x_{s+1}) across a time-limit cut.
     next_vs = torch.cat([vs[1:], values[-1:]])
     next_vs = torch.where(done.bool(), values[1:], next_vs)
-    pg_adv = rho * (rewards + gamma * next_vs * not_term - values[:-1]) * valid.float()
+    pg_adv = rho * (rewards + gamma * next_vs * not_term - values[:-1]) * mask
     return vs, pg_adv
 
 

@@ -25,6 +25,7 @@ from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
+ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
 
 
 class WeightSubscriber:
@@ -60,10 +61,11 @@ class WeightSubscriber:
 class ExperienceSender:
     """PUSH to replay shards (ZeroMQ spreads batches over the shards that have room) or to one learner rank."""
 
-    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str = "experience"):
-        # Small queues and kernel buffers: when shards rate-limit, a collector blocks within a few batches
-        # instead of parking tens of thousands of stale transitions in TCP buffers.
-        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=2, sndbuf=EXPERIENCE_SOCKET_BUFFER)
+    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str = "experience",
+                 sndhwm: int = 2, sndbuf: int = EXPERIENCE_SOCKET_BUFFER):
+        # Small queues and kernel buffers: when shards rate-limit (or a learner is busy), a collector blocks
+        # within a few batches instead of parking tens of thousands of stale transitions in TCP buffers.
+        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=sndhwm, sndbuf=sndbuf)
         self.sender, self.kind = sender, kind
         self.sent = 0
 
@@ -232,7 +234,8 @@ def run_rollouts(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: A
     algo, n_envs = rc.job.algorithm, env.num_envs
     synchronous = algo.name in SYNCHRONOUS
     ranks = rc.endpoints["rollouts"]
-    sender = ExperienceSender(net, ranks[rc.rank % len(ranks)], rc.name, kind="rollout")
+    sender = ExperienceSender(net, ranks[rc.rank % len(ranks)], rc.name, kind="rollout", sndhwm=1,
+                              sndbuf=ROLLOUT_SOCKET_BUFFER)
     episodes = EpisodeTracker(n_envs)
     report = CollectorReport(control, weights, sender, episodes)
     low = np.asarray(info.action_low, dtype=np.float32).reshape(info.action_shape) if not info.discrete else None

@@ -25,6 +25,7 @@ from rlctl.algos.onpolicy import gae, impala_loss, ppo_loss, vtrace
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.models import ActorCritic, build_policy, flat_parameters, parameter_digest
+from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 from rlctl.spec import SYNCHRONOUS, resolved_dict
 
@@ -36,7 +37,9 @@ class RolloutInbox:
     """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
 
     def __init__(self, net: wire.SecureContext, endpoint: str, info: SpaceInfo, T: int):
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=64)
+        # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
+        # instead of piling up in socket buffers.
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER)  # 1 would never deliver a multipart message
         act = () if info.discrete else tuple(info.action_shape)
         # field -> (leading rows, trailing shape, dtype)
         self.layout = {"obs": (T + 1, tuple(info.obs_shape), np.dtype(info.obs_dtype)),
@@ -57,16 +60,18 @@ class RolloutInbox:
                 return False
         return True
 
-    def receive(self, timeout_ms: int) -> list[wire.Message]:
-        """Rollouts that arrived within `timeout_ms`."""
+    def receive(self, timeout_ms: int, limit: int) -> list[wire.Message]:
+        """Up to `limit` rollouts that arrived within `timeout_ms` (the rest stay queued, as backpressure)."""
         if not self.sock.poll(timeout_ms):
             return []
-        out = []
+        out: list[wire.Message] = []
         for _, msg in wire.receive_waiting(self.sock):
             if msg is None or not self._valid(msg):
                 self.dropped += 1
             else:
                 out.append(msg)
+            if len(out) >= limit:
+                break
         return out
 
 
@@ -221,7 +226,8 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             if stop or control.stop_requested():
                 stop.requested = True
                 return None
-            for msg in inbox.receive(50):
+            need = len(mine) - len(got) if synchronous else algo.rollouts_per_batch - len(batch)
+            for msg in inbox.receive(50, max(need, 1)):
                 lag = version - msg.version
                 c = collector_index(msg.sender)
                 if synchronous:

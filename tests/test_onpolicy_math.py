@@ -1,0 +1,165 @@
+"""GAE, V-trace and the actor-critic model against hand-computed cases and independent reference loops."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlctl.algos.onpolicy import gae, ppo_loss, vtrace
+from rlctl.models import ActorCritic, ConvEncoder
+
+
+def t(x, dtype=torch.float32):
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def test_gae_hand_computed_terminated_vs_truncated():
+    # One env, T = 4. Step 1 terminates (no bootstrap); step 2 is the reset step that follows (invalid);
+    # step 3 is truncated by a time limit (bootstrapped from the final observation's value V[4]).
+    gamma, lam = 0.9, 0.5
+    rewards = t([[1.0], [2.0], [0.0], [3.0]])
+    values = t([[0.5], [1.0], [9.0], [2.0], [4.0]])
+    terminated = t([[0], [1], [0], [0]], torch.bool)
+    done = t([[0], [1], [0], [1]], torch.bool)
+    valid = t([[1], [1], [0], [1]], torch.bool)
+    adv, ret = gae(rewards, values, terminated, done, valid, gamma, lam)
+    d3 = 3.0 + 0.9 * 4.0 - 2.0  # truncated: bootstrap from V[4]
+    d1 = 2.0 + 0.0 - 1.0  # terminated: no bootstrap
+    d0 = 1.0 + 0.9 * 1.0 - 0.5
+    expected = [d0 + gamma * lam * d1, d1, 0.0, d3]  # the chain stops at the episode end after step 1
+    assert adv[:, 0].tolist() == pytest.approx(expected)
+    assert ret[:, 0].tolist() == pytest.approx([e + v for e, v in zip(expected, [0.5, 1.0, 9.0, 2.0])])
+
+
+def test_gae_with_lambda_one_is_the_discounted_return_to_go_plus_bootstrap():
+    rng = np.random.default_rng(0)
+    T, B, gamma = 6, 3, 0.95
+    r = rng.normal(size=(T, B))
+    v = rng.normal(size=(T + 1, B))
+    zeros = np.zeros((T, B), dtype=bool)
+    adv, ret = gae(t(r), t(v), t(zeros, torch.bool), t(zeros, torch.bool), t(~zeros, torch.bool), gamma, 1.0)
+    for s in range(T):
+        g = sum(gamma ** (k - s) * r[k] for k in range(s, T)) + gamma ** (T - s) * v[T]
+        np.testing.assert_allclose(ret[s].numpy(), g, rtol=1e-5, atol=1e-5)
+
+
+def vtrace_reference(blogp, tlogp, r, v, term, done, valid, gamma, rho_bar, c_bar):
+    """V-trace by the paper's sum (no recursion), one env and one start step at a time."""
+    T, B = r.shape
+    ratio = np.exp(tlogp - blogp)
+    rho, c = np.minimum(ratio, rho_bar), np.minimum(ratio, c_bar)
+    vs = np.array(v[:T], dtype=np.float64)
+    for b in range(B):
+        for s in range(T):
+            if not valid[s, b]:
+                continue
+            total, coef = 0.0, 1.0
+            for k in range(s, T):
+                delta = rho[k, b] * (r[k, b] + gamma * v[k + 1, b] * (1.0 - term[k, b]) - v[k, b])
+                total += gamma ** (k - s) * coef * delta
+                if done[k, b]:
+                    break
+                coef *= c[k, b]
+            vs[s, b] = v[s, b] + total
+    adv = np.zeros((T, B))
+    for b in range(B):
+        for s in range(T):
+            if not valid[s, b]:
+                continue
+            nxt = v[s + 1, b] if (done[s, b] or s == T - 1) else vs[s + 1, b]
+            adv[s, b] = rho[s, b] * (r[s, b] + gamma * nxt * (1.0 - term[s, b]) - v[s, b])
+    return vs, adv
+
+
+def _episodes(rng, T, B):
+    """Random episode ends with the NEXT_STEP reset step after each (invalid)."""
+    done = rng.random((T, B)) < 0.15
+    term = done & (rng.random((T, B)) < 0.5)
+    valid = np.ones((T, B), dtype=bool)
+    valid[1:] = ~done[:-1]
+    done &= valid  # a reset step never ends an episode
+    term &= valid
+    return term, done, valid
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_vtrace_matches_reference_loops_on_random_inputs(seed):
+    rng = np.random.default_rng(seed)
+    T, B, gamma = 9, 4, 0.97
+    rho_bar, c_bar = [(1.0, 1.0), (0.8, 1.2), (2.0, 0.5), (1.0, 1.0), (1.5, 1.0)][seed]
+    blogp, tlogp = rng.normal(scale=0.5, size=(T, B)), rng.normal(scale=0.5, size=(T, B))
+    r, v = rng.normal(size=(T, B)), rng.normal(size=(T + 1, B))
+    term, done, valid = _episodes(rng, T, B)
+    vs, adv = vtrace(t(blogp), t(tlogp), t(r), t(v), t(term, torch.bool), t(done, torch.bool), t(valid, torch.bool),
+                     gamma, rho_bar, c_bar)
+    ref_vs, ref_adv = vtrace_reference(blogp, tlogp, r, v, term.astype(float), done, valid, gamma, rho_bar, c_bar)
+    np.testing.assert_allclose(vs.numpy()[valid], ref_vs[valid], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(adv.numpy()[valid], ref_adv[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_vtrace_on_policy_is_the_n_step_return():
+    rng = np.random.default_rng(7)
+    T, B, gamma = 7, 3, 0.9
+    logp = rng.normal(size=(T, B))
+    r, v = rng.normal(size=(T, B)), rng.normal(size=(T + 1, B))
+    zeros = np.zeros((T, B), dtype=bool)
+    vs, _ = vtrace(t(logp), t(logp), t(r), t(v), t(zeros, torch.bool), t(zeros, torch.bool), t(~zeros, torch.bool),
+                   gamma, 1.0, 1.0)
+    for s in range(T):
+        n_step = sum(gamma ** (k - s) * r[k] for k in range(s, T)) + gamma ** (T - s) * v[T]
+        np.testing.assert_allclose(vs[s].numpy(), n_step, rtol=1e-5, atol=1e-5)
+    # ... and equals GAE with lambda 1 (the same estimator on-policy).
+    _, ret = gae(t(r), t(v), t(zeros, torch.bool), t(zeros, torch.bool), t(~zeros, torch.bool), gamma, 1.0)
+    np.testing.assert_allclose(vs.numpy(), ret.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_ppo_loss_clips_the_ratio_in_the_advantage_direction():
+    old = torch.zeros(4)
+    new = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    zeros = torch.zeros(4)
+    loss, stats = ppo_loss(new, old, adv, zeros, zeros, zeros, zeros, clip=0.2, value_clip=None, vf_coef=0.0,
+                           ent_coef=0.0)
+    # min(r A, clip(r) A) per sample: 1.2, -1.5, 0.5, -0.8 -> loss is minus their mean.
+    assert float(loss) == pytest.approx(-(1.2 - 1.5 + 0.5 - 0.8) / 4)
+    assert float(stats["losses/clipfrac"]) == 1.0
+
+
+def test_actor_critic_log_probs_match_torch_distributions():
+    torch.manual_seed(0)
+    disc = ActorCritic((3,), n_actions=4, hidden=(8,))
+    obs = torch.randn(5, 3)
+    actions, logp, _ = disc.act(obs)
+    head, _ = disc(obs)
+    ref = torch.distributions.Categorical(logits=head)
+    lp, ent = disc.log_prob_entropy(head, actions)
+    torch.testing.assert_close(lp, ref.log_prob(actions))
+    torch.testing.assert_close(logp, ref.log_prob(actions))
+    torch.testing.assert_close(ent, ref.entropy())
+
+    cont = ActorCritic((2, 2), action_dim=2, hidden=(8,), log_std_init=-0.5)
+    obs = torch.randn(6, 2, 2)
+    actions, logp, _ = cont.act(obs)
+    head, _ = cont(obs)
+    ref = torch.distributions.Normal(head, cont.log_std.exp())
+    lp, ent = cont.log_prob_entropy(head, actions)
+    torch.testing.assert_close(lp, ref.log_prob(actions).sum(-1))
+    torch.testing.assert_close(logp, ref.log_prob(actions).sum(-1))
+    torch.testing.assert_close(ent, ref.entropy().sum(-1))
+    assert torch.equal(cont.greedy(obs), head)
+
+
+@pytest.mark.parametrize("shape", [(84, 84, 4), (3, 64, 64)])
+def test_conv_encoder_takes_hwc_and_chw_images(shape):
+    enc = ConvEncoder(shape)
+    assert enc.channels_last == (shape[-1] < shape[0])
+    net = ActorCritic(shape, n_actions=6, encoder="conv")
+    obs = torch.randint(0, 255, (2, *shape), dtype=torch.uint8)
+    head, value = net(obs)
+    assert head.shape == (2, 6) and value.shape == (2,)
+    (head.sum() + value.sum()).backward()
+    assert all(p.grad is not None for p in net.parameters())
+    assert math.isfinite(float(head.detach().sum()))
