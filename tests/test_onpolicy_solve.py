@@ -1,0 +1,67 @@
+"""PPO, APPO and IMPALA learn CartPole-v1 from the shipped job files; PPO with two DDP ranks; PPO on Pendulum-v1."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import REPO, only_run, read_state, run_cli
+
+CAP_S = 300  # generous: these jobs stop in 15-30 s here; the cap only bounds a broken run
+
+
+def _job_copy(tmp_path, job: str, **replace: str):
+    text = (REPO / "jobs" / f"{job}.toml").read_text()
+    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
+    for key, value in replace.items():
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert n == 1, key
+    path = tmp_path / f"{job}.toml"
+    path.write_text(text)
+    return path
+
+
+def _run_to_target(tmp_path, job: str, target: float, **replace: str) -> tuple[dict, object]:
+    runs = tmp_path / "runs"
+    run_cli(["run", str(_job_copy(tmp_path, job, **replace)), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
+    assert state["status"] == "finished", state.get("exit_reason")
+    match = re.fullmatch(r"charts/episode_return_mean (-?[\d.]+) >= (-?[\d.]+)", state["exit_reason"])
+    assert match and float(match.group(1)) >= target, state["exit_reason"]
+    assert state["metrics"]["charts/episodes"] >= 20
+    return state, run_dir
+
+
+@pytest.mark.parametrize("job", ["ppo", "appo", "impala"])
+def test_rollout_job_solves_cartpole(tmp_path, job):
+    state, run_dir = _run_to_target(tmp_path, job, 475.0)
+    m = state["metrics"]
+    assert m["learner/updates"] > 0 and m["learner/samples_per_s"] > 0
+    assert "learner/policy_lag_mean" in m and "learner/rollouts_dropped" in m
+    if job == "ppo":
+        assert m["learner/policy_lag_mean"] == 0  # synchronous: every round trains on its own version only
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+
+
+def test_ppo_with_two_ddp_ranks_solves_with_identical_parameters_after_every_round(tmp_path):
+    state, run_dir = _run_to_target(tmp_path, "ppo", 475.0, learner_procs="2")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert "--nproc-per-node 2" in " ".join(next(p for p in plan["processes"] if p["role"] == "learner")["argv"])
+    assert len(plan["endpoints"]["rollouts"]) == 2
+    ranks = state["learner_ranks"]
+    assert set(ranks) == {"0", "1"}, ranks
+    r0, r1 = ranks["0"], ranks["1"]
+    assert r0["learner/final"] == 1 and r1["learner/final"] == 1
+    assert r0["learner/updates"] == r1["learner/updates"] > 0
+    # Each rank hashes its parameter digest after every round into a chain: equal chains = equal after every round.
+    assert len(r0["learner/digest_chain"]) == 64
+    assert r0["learner/digest_chain"] == r1["learner/digest_chain"]
+    assert r0["learner/param_digest"] == r1["learner/param_digest"]
+
+
+def test_ppo_learns_pendulum(tmp_path):
+    state, _ = _run_to_target(tmp_path, "ppo-pendulum", -250.0)
+    assert state["metrics"]["charts/episode_length_mean"] == 200
