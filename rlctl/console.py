@@ -270,7 +270,18 @@ def run_header(state: dict, now: float | None = None) -> str:
         f"return {_format_float(metrics.get('charts/episode_return_mean'))}",
         f"eval {_format_float(metrics.get('eval/return_mean'))}",
     ]
+    lag = _rollout_figures(metrics)
+    if lag:
+        parts += [f"policy lag {lag[0]}", f"rollouts dropped {lag[1]}"]
     return " | ".join(parts)
+
+
+def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
+    """(policy lag, dropped rollouts) as text for the rollout algorithms; None for the others."""
+    lag = _num(metrics.get("learner/policy_lag_mean"))
+    if lag is None:
+        return None
+    return f"{lag:.1f}", _format_count(metrics.get("learner/rollouts_dropped", 0))
 
 
 def _failure_text(state: dict) -> "Text | None":
@@ -323,6 +334,12 @@ def progress_line(state: dict, now: float | None = None) -> str:
     updates = _num(metrics.get("learner/updates_per_s"))
     if updates is not None:
         parts.append(f"updates/s={updates:.0f}" if abs(updates) < 1000 else f"updates/s={format_rate(updates)}")
+    samples = _num(metrics.get("learner/samples_per_s"))
+    if samples is not None:
+        parts.append(f"samples/s={format_rate(samples)}")
+    lag = _rollout_figures(metrics)
+    if lag:
+        parts += [f"lag={lag[0]}", f"dropped={lag[1]}"]
     return " ".join(parts)
 
 

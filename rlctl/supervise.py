@@ -32,7 +32,7 @@ STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
     "collector": ("charts/env_steps_per_s", "env steps/s"),
-    "learner": ("learner/updates_per_s", "updates/s"),
+    "learner": ("learner/samples_per_s", "samples/s"),
     "replay": ("replay/insert_per_s", "inserts/s"),
     "evaluator": ("eval/return_mean", "eval return"),
 }

@@ -251,6 +251,11 @@ def test_progress_line_full_and_sparse():
                          "learner/updates_per_s": 900.0}}
     assert console.progress_line(state, now=112.3) == (
         "[  12.3s] running env_steps=123456 (20.0k/s) return=210.5 eval=480.1 updates/s=900")
+    rollout = {**state, "metrics": {**state["metrics"], "learner/samples_per_s": 6700.0,
+                                    "learner/policy_lag_mean": 1.25, "learner/rollouts_dropped": 3}}
+    assert console.progress_line(rollout, now=112.3).endswith("updates/s=900 samples/s=6.7k lag=1.2 dropped=3")
+    assert console.run_header(rollout, now=112.3).endswith("| policy lag 1.2 | rollouts dropped 3")
+    assert "lag" not in console.run_header(state, now=112.3)
     assert console.progress_line({"status": "starting"}) == "[      -] starting"
     assert console.progress_line({}) == "[      -] unknown"
     assert console.progress_line({"status": "running", "metrics": None}).endswith("running")

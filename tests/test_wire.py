@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,3 +132,91 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
         stranger.close()
         net.close()
     assert proc.returncode == 0
+
+
+def _rollout(info, T: int, n_envs: int) -> dict[str, np.ndarray]:
+    from rlctl.roles.collector import RolloutBuffer
+
+    a = RolloutBuffer(T, n_envs, info).arrays
+    rng = np.random.default_rng(0)
+    a["obs"][:] = rng.normal(size=a["obs"].shape)
+    a["value"][:] = 0.0
+    a["action"][:] = rng.integers(0, 2, size=a["action"].shape)
+    a["logp"][:] = np.log(0.5)
+    a["reward"][:] = 1.0
+    a["terminated"][:] = False
+    a["done"][:] = False
+    a["valid"][:] = True
+    return a
+
+
+def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(tmp_path):
+    from rlctl.envs import probe_space_info
+    from rlctl.spec import dumps_toml, resolved_dict, validate_job
+
+    spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
+                         "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},
+                         "topology": {"collectors": 2, "evaluator": False}})
+    job = tmp_path / "job.toml"
+    job.write_text(dumps_toml(resolved_dict(spec)))
+    control_port, weights_port, rollout_port = _free_ports(3)
+    keys = wire.CurveKeys.generate()
+    weights_ep, rollout_ep = f"tcp://127.0.0.1:{weights_port}", f"tcp://127.0.0.1:{rollout_port}"
+    env = {**os.environ, "RLCTL_ROLE": "learner", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
+           "RLCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "RLCTL_ENDPOINTS": json.dumps({"control": f"tcp://127.0.0.1:{control_port}", "weights": weights_ep,
+                                          "replay": [], "rollouts": [rollout_ep]}),
+           "RLCTL_BINDS": json.dumps({"weights": weights_ep, "rollouts-0": rollout_ep}), wire.KEYS_ENV: keys.to_env()}
+    net = wire.SecureContext(keys)
+    control = net.server(zmq.ROUTER, f"tcp://127.0.0.1:{control_port}")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                             "-m", "rlctl.roles.learner"], env=env, start_new_session=True)
+    stranger = wire.SecureContext(wire.CurveKeys.generate())
+    metrics: dict = {}
+    identity: list = []
+
+    def until(pred, what):
+        nonlocal metrics, identity
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if control.poll(200):
+                identity, msg = wire.recv(control, routed=True)
+                metrics = (msg.meta.get("metrics") or metrics) if msg.kind == "heartbeat" else metrics
+                if pred(metrics):
+                    return
+        pytest.fail(f"{what}: {metrics}")
+
+    try:
+        sub = net.client(zmq.SUB, weights_ep, subscribe=b"")
+        push = net.client(zmq.PUSH, rollout_ep)
+        good = _rollout(probe_space_info(spec.env), 8, 2)
+        until(lambda m: "learner/updates" in m, "learner never reported")
+        wire.send(push, "rollout", "collector-0", 0, None, {**good, "reward": np.ones((8, 3), np.float32)})  # ragged
+        wire.send(push, "rollout", "collector-0", 0, None, {k: v for k, v in good.items() if k != "logp"})  # missing
+        push.send_multipart([b"not msgpack at all"])
+        wire.send(stranger.client(zmq.PUSH, rollout_ep), "rollout", "collector-1", 0, None, good)  # wrong keys
+        # One PPO round needs version 0 from both of this rank's collectors.
+        wire.send(push, "rollout", "collector-0", 0, None, good)
+        wire.send(push, "rollout", "collector-1", 0, None, good)
+        until(lambda m: m.get("learner/updates") == 1, "no update after a full round")
+        wire.send(push, "rollout", "collector-0", 0, None, good)  # version 0 again: now stale
+        until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 3
+              and m.get("net/refused", 0) >= 1, "stale/malformed/refused not counted")
+        assert proc.poll() is None, "the learner must keep running"
+        newest = None
+        while sub.poll(2000):
+            _, newest = wire.recv(sub)
+            if newest.version >= 1:
+                break
+        assert newest is not None and newest.version == 1 and newest.kind == "weights"
+        # Stopped as the supervisor stops learners: a control-channel `stop`, then a final checkpoint.
+        wire.send(control, "stop", "supervisor", 0, {}, prefix=identity)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        stranger.close()
+        net.close()
+    assert proc.returncode == 0
+    assert (tmp_path / "ckpt" / "latest.pt").is_file()
