@@ -44,6 +44,15 @@ def test_rollout_job_solves_cartpole(tmp_path, job):
     if job == "ppo":
         assert m["learner/policy_lag_mean"] == 0  # synchronous: every round trains on its own version only
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("learner/policy_lag_mean", "learner/rollouts_dropped", "learner/samples_per_s",
+                "losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/episode_return"):
+        assert tag in tags, (tag, sorted(tags))
+    assert max(e.value for e in acc.Scalars("learner/samples_per_s")) > 0
 
 
 def test_ppo_with_two_ddp_ranks_solves_with_identical_parameters_after_every_round(tmp_path):
