@@ -4,7 +4,10 @@ Wall seconds are measured from starting a fresh process until it has stopped at 
 start-up included). Off-policy jobs are judged on a 10-episode greedy evaluation (training returns include
 exploration), on-policy ones on the mean of the last 20 training episodes. Median of --seeds seeds each.
 
-    python bench/solve_cartpole.py [--seeds 3] [--cap 300] [--only apex,sb3_ppo,sb3_dqn]
+    python bench/solve_cartpole.py [--seeds 3] [--cap 300] [--only ppo,appo,impala,apex,sb3_ppo,sb3_dqn]
+
+Targets: ppo and appo <= 0.5x sb3 PPO's wall time, impala <= 1x, apex <= 1.5x and faster than sb3 DQN.
+Start-up (`startup_s`) is measured from invoking `rlctl run` to a collector's first env step.
 
 Needs `pip install -e '.[bench]'` for the stable-baselines3 rows. Last line: one JSON object.
 """
@@ -99,23 +102,25 @@ def run_rlctl(job: Path, seed: int, cap: float) -> dict:
         wall = time.time() - t0
         run_dir = next(Path(tmp, "runs").iterdir())
         state = json.loads((run_dir / "state.json").read_text())
-        first_step = _first_env_step_s(run_dir, state)
+        first_step = _first_env_step_s(run_dir, t0)
     solved = state.get("status") == "finished" and "return" in (state.get("exit_reason") or "")
     return {"solved": solved, "wall_s": wall if solved else None,
             "env_steps": int(state.get("metrics", {}).get("charts/env_steps", 0)),
             "startup_s": first_step, "exit_reason": state.get("exit_reason"), "rc": out.returncode}
 
 
-def _first_env_step_s(run_dir: Path, state: dict) -> float | None:
-    """Seconds from the supervisor's start to the first collector line (a collector prints once its env is built)."""
-    try:
-        from rlctl.rundir import parse_log_line
+def _first_env_step_s(run_dir: Path, t0: float) -> float | None:
+    """Seconds from `rlctl run` being invoked (t0) to a collector's first env step (its "first env step" line)."""
+    from rlctl.rundir import parse_log_line
 
-        ts = [parse_log_line(p.read_text().splitlines()[0])[0] for p in (run_dir / "logs").glob("collector-*.log")]
-        ts = [t for t in ts if t]
-        return min(ts) - state["started_at"] if ts else None
-    except (OSError, IndexError, KeyError):
-        return None
+    ts = []
+    for p in (run_dir / "logs").glob("collector-*.log"):
+        for line in p.read_text().splitlines():
+            if "first env step" in line:
+                ts.append(parse_log_line(line)[0])
+                break
+    ts = [t for t in ts if t]
+    return min(ts) - t0 if ts else None
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
@@ -138,7 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cap", type=float, default=300.0, help="seconds before a run counts as unsolved")
-    ap.add_argument("--only", default="apex,sb3_ppo,sb3_dqn")
+    ap.add_argument("--only", default="ppo,appo,impala,apex,sb3_ppo,sb3_dqn")
     args = ap.parse_args()
     which = args.only.split(",")
     results = []
@@ -164,8 +169,20 @@ def main() -> None:
             ratios.append(f"{r['wall_s'] / b:9.2f}x" if (b and r["wall_s"]) else f"{'-':>10s}")
         print(f"{r['name']:10s} {r['solved']:>7s} {r['wall_s'] or float('nan'):8.1f} {r['env_steps'] or 0:10.0f}  "
               + "  ".join(ratios))
-    print("targets: apex faster than sb3_dqn and within 1.5x of sb3_ppo")
-    print(json.dumps({"bench": "solve_cartpole", "results": [{k: v for k, v in r.items() if k != "runs"} for r in results]}))
+    ppo_base = base.get("sb3_ppo", {}).get("wall_s")
+    ratios = {f"{n}_vs_sb3_ppo": round(base[n]["wall_s"] / ppo_base, 3)
+              for n in ("ppo", "appo", "impala", "apex") if n in base and base[n]["wall_s"] and ppo_base}
+    targets = {"ppo": 0.5, "appo": 0.5, "impala": 1.0, "apex": 1.5}
+    for key, value in ratios.items():
+        name = key.split("_vs_")[0]
+        print(f"target {name}: <= {targets[name]}x sb3_ppo: {value:.2f}x "
+              f"{'MET' if value <= targets[name] else 'MISSED'}")
+    if "apex" in base and "sb3_dqn" in base:
+        a, d = base["apex"]["wall_s"], base["sb3_dqn"]["wall_s"]
+        print(f"target apex faster than sb3_dqn: {'MET' if a and (d is None or a < d) else 'MISSED'}")
+    startup = {f"{r['name']}_startup_s": round(r["startup_s"], 2) for r in results if r.get("startup_s") is not None}
+    print(json.dumps({"bench": "solve_cartpole", **ratios, **startup,
+                      "results": [{k: v for k, v in r.items() if k != "runs"} for r in results]}))
 
 
 if __name__ == "__main__":

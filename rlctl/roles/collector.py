@@ -181,6 +181,7 @@ def run_transitions(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model
     obs, _ = env.reset(seed=rc.seed)
     prev_done = np.zeros(n_envs, dtype=bool)
     ready: dict[str, np.ndarray] | None = None
+    print(f"{rc.name}: first env step", flush=True)  # start-up is measured up to this line (bench/solve_cartpole.py)
     while not stop:
         if ready is not None and not sender.try_send(ready, weights.version):
             # Every shard is full (rate limit): wait for room rather than step ahead with a stale policy.
@@ -250,6 +251,8 @@ def run_rollouts(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: A
             report()
             continue
         version = weights.version
+        if sent_version < 0 and report.env_steps == 0:
+            print(f"{rc.name}: first env step (weights version {version})", flush=True)  # start-up ends here
         # A fresh buffer per rollout: the previous one may still be queued in ZeroMQ (sent without a copy).
         buf = RolloutBuffer(algo.rollout_len, n_envs, info)
         a = buf.arrays
