@@ -10,7 +10,7 @@ exactly rollout_len x envs x collectors samples). Learner samples/s = samples pe
 rounds / seconds, counted from the versions the bench receives (round trips included: they
 are part of synchronous PPO).
 
-The bare loop, in this process with one torch thread: the same ActorCritic, the same Adam,
+The bare loop, in this process with one torch thread: the same ActorCritic, the same (fused) Adam,
 a plain GAE over the same tensors and the same epochs x minibatches of forward, clipped
 loss, backward, clip_grad_norm_ and step; no sockets, no processes.
 
@@ -107,7 +107,7 @@ def measure_bare(spec, rollouts: list[dict], seconds: float, warmup: float) -> d
     algo = spec.algorithm
     torch.manual_seed(0)
     model = build_policy(spec, probe_space_info(spec.env))
-    opt = torch.optim.Adam(model.parameters(), lr=algo.lr, eps=algo.adam_eps)
+    opt = torch.optim.Adam(model.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)  # as the learner
     batch = {k: torch.from_numpy(np.concatenate([r[k] for r in rollouts], axis=1)) for k in rollouts[0]}
     T, B = batch["reward"].shape
 

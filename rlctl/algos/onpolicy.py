@@ -67,8 +67,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, new_values: torch.Tensor,
              old_values: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor, clip: float,
-             value_clip: float | None, vf_coef: float, ent_coef: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped-surrogate PPO loss (policy + vf_coef * value - ent_coef * entropy) and its diagnostics."""
+             value_clip: float | None, vf_coef: float, ent_coef: float,
+             diagnostics: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped-surrogate PPO loss (policy + vf_coef * value - ent_coef * entropy) and its statistics
+    (approx_kl and clipfrac only with `diagnostics`: they cost a tenth of a small minibatch step)."""
     log_ratio = new_logp - old_logp
     ratio = log_ratio.exp()
     policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
@@ -79,10 +81,12 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     value_loss = 0.5 * v_loss.mean()
     ent = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * ent
-    with torch.no_grad():
-        stats = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
-                 "losses/entropy": ent.detach(), "losses/approx_kl": ((ratio - 1) - log_ratio).mean(),
-                 "losses/clipfrac": ((ratio - 1).abs() > clip).float().mean()}
+    stats = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
+             "losses/entropy": ent.detach()}
+    if diagnostics:
+        with torch.no_grad():
+            stats["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
+            stats["losses/clipfrac"] = ((ratio - 1).abs() > clip).float().mean()
     return loss, stats
 
 

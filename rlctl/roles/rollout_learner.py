@@ -100,7 +100,8 @@ class RolloutLearner:
             self.opt = torch.optim.RMSprop(self.online.parameters(), lr=algo.lr, alpha=algo.rmsprop_alpha,
                                            eps=algo.adam_eps)
         else:
-            self.opt = torch.optim.Adam(self.online.parameters(), lr=algo.lr, eps=algo.adam_eps)
+            # Fused: one kernel for every parameter (as the Ape-X learner; ~15% of a small network's round on CPU).
+            self.opt = torch.optim.Adam(self.online.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)
         # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank).
         per_rollout = algo.rollout_len * job.env.envs_per_collector
         rollouts = job.collector_count if algo.name in SYNCHRONOUS else algo.rollouts_per_batch * world
@@ -162,9 +163,10 @@ class RolloutLearner:
                 "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
                 "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
         n = len(keep)
-        totals: dict[str, float] = {}
-        steps = 0
-        for _ in range(algo.epochs):
+        totals: dict[str, torch.Tensor] = {}  # summed as tensors: one conversion per round, not per step
+        counts: dict[str, int] = {}
+        for epoch in range(algo.epochs):
+            last_epoch = epoch == algo.epochs - 1  # KL and clip fraction are reported for the last pass (as CleanRL)
             perm = torch.randperm(n, generator=self.generator).to(self.device)
             # tensor_split always gives `minibatches` parts, so every rank takes the same number of DDP steps.
             for idx in perm.tensor_split(algo.minibatches):
@@ -178,12 +180,13 @@ class RolloutLearner:
                 if algo.norm_adv and len(idx) > 1:
                     adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
                 loss, stats = ppo_loss(logp, flat["logp"][idx], adv_mb, value, flat["v"][idx], flat["ret"][idx],
-                                       entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef)
+                                       entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef,
+                                       diagnostics=last_epoch)
                 self._step(loss)
-                steps += 1
                 for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + float(v)
-        return {k: v / max(steps, 1) for k, v in totals.items()}
+                    totals[k] = totals[k] + v if k in totals else v
+                    counts[k] = counts.get(k, 0) + 1
+        return {k: float(v) / counts[k] for k, v in totals.items()}
 
 
 def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
