@@ -288,7 +288,9 @@ def _reap(state: dict) -> int:
 def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint file.", autocompletion=_complete_run),
           episodes: int = typer.Option(10, "--episodes", min=1, help="Greedy episodes to run."),
           seed: int = typer.Option(12345, "--seed", help="Seed of the evaluation envs."),
-          which: str = typer.Option("best", "--checkpoint", help="For a run: `best` (best evaluation so far) or `latest`."),
+          which: str = typer.Option("best", "--checkpoint",
+                                    help="For a run: `best` (best evaluation so far; `latest` when the run had no "
+                                         "evaluator) or `latest`."),
           as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Run greedy episodes with a run's checkpoint (or a checkpoint file) and print the mean return."""
     if which not in ("best", "latest"):
@@ -297,6 +299,8 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
     if not path.is_file():
         rd = _resolve(runs_dir, target)
         path = rd.checkpoints_dir / f"{which}.pt"
+        if which == "best" and not path.is_file():
+            path = rd.checkpoints_dir / "latest.pt"  # no evaluator ran: the learner's checkpoint is all there is
         if not path.is_file():
             raise _bad_input(f"{rd.run_id} has no {which} checkpoint ({path})")
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint

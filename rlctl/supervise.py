@@ -239,11 +239,12 @@ class Supervisor:
                 self._write_tb(tb)
             if now >= next_state:
                 next_state = now + STATE_INTERVAL_S
-                state = self._publish()
-                reason = criteria.reached(state["metrics"], self.hub.episodes, now)
-                if reason:
-                    self.status, self.exit_reason = "finished", reason
-                    return
+                self._publish()
+            # Checked on every pass (not only with state.json): a run that is done stops within 0.1 s.
+            reason = criteria.reached(self.hub.snapshot(), self.hub.episodes, now)
+            if reason:
+                self.status, self.exit_reason = "finished", reason
+                return
 
     def _child_env(self, h: ProcessHandle) -> dict[str, str]:
         # The keys go into the environment only, never onto a command line.
@@ -320,19 +321,24 @@ class Supervisor:
 
     # -- shutdown ------------------------------------------------------------
     def _shutdown(self) -> None:
-        """Learners first (they checkpoint and need their replay shards), then the rest; SIGKILL after the grace."""
+        """Everything at once, except replay shards, which outlive the learners (a last update samples from them);
+        SIGKILL after the grace."""
         learners = [h for h in self.handles if h.spec.role == "learner"]
-        others = [h for h in self.handles if h.spec.role != "learner"]
+        shards = [h for h in self.handles if h.spec.role == "replay"]
+        others = [h for h in self.handles if h.spec.role not in ("learner", "replay")]
         self._signals_at_shutdown = self.stop_signals
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
         # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
         told = [ident for sender, ident in self.identities.items() if sender.startswith("learner-")]
         for identity in told:
             wire.send(self.control, "stop", "supervisor", prefix=identity, flags=zmq.NOBLOCK)
-        self._wait_gone(learners, STOP_GRACE_S, term_after=5.0 if told else 0.0)
+        # Collectors and the evaluator stop meanwhile: nothing waits on them (shutdown in parallel, not in turn).
         for h in others:
             h.signal_group(signal.SIGTERM)
-        self._wait_gone(others, STOP_GRACE_S)
+        self._wait_gone(learners, STOP_GRACE_S, term_after=5.0 if told else 0.0)
+        for h in shards:
+            h.signal_group(signal.SIGTERM)
+        self._wait_gone(shards + others, STOP_GRACE_S)
         for h in self.handles:
             if h.popen is not None:
                 try:

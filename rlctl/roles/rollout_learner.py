@@ -29,7 +29,9 @@ from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 from rlctl.spec import SYNCHRONOUS, resolved_dict
 
-REPUBLISH_S = 1.0  # while waiting, rank 0 re-sends the current weights for collectors that joined late
+# While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
+# before a subscription completes): soon at first, then backing off to once a second.
+REPUBLISH_FIRST_S, REPUBLISH_MAX_S = 0.05, 1.0
 ROLLOUT_FIELDS = ("obs", "value", "action", "logp", "reward", "terminated", "done", "valid")
 
 
@@ -206,13 +208,14 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
     mine = {c for c in range(job.collector_count) if c % world == rank}
     version, saves, stale = 0, 0, 0
     chain = ""  # hash chain of this rank's parameter digests after every version (compared across ranks)
-    last_publish = 0.0
+    last_publish, republish_s = 0.0, REPUBLISH_FIRST_S
 
-    def publish() -> None:
-        nonlocal last_publish
+    def publish(again: bool = False) -> None:
+        nonlocal last_publish, republish_s
         if pub is not None:
             wire.send(pub, "weights", rc.name, version, None, {"params": flat_parameters(online).cpu().numpy()})
             last_publish = time.monotonic()
+            republish_s = min(2 * republish_s, REPUBLISH_MAX_S) if again else REPUBLISH_FIRST_S
 
     def checkpoint() -> None:
         payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
@@ -247,8 +250,8 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             if not synchronous and len(batch) >= algo.rollouts_per_batch:
                 return batch
             now = time.monotonic()
-            if now - last_publish >= REPUBLISH_S:
-                publish()
+            if now - last_publish >= republish_s:
+                publish(again=True)
             if control.due(now):
                 control.heartbeat({"rank": rank, "learner/updates": version, "learner/waiting": 1,
                                    "learner/rollouts_dropped": stale, "net/dropped": inbox.dropped})
