@@ -53,6 +53,12 @@ def test_rollout_job_solves_cartpole(tmp_path, job):
                 "losses/policy_loss", "losses/value_loss", "losses/entropy", "charts/episode_return"):
         assert tag in tags, (tag, sorted(tags))
     assert max(e.value for e in acc.Scalars("learner/samples_per_s")) > 0
+    if job == "ppo":
+        # No evaluator in these jobs: `rlctl eval` takes the learner's checkpoint (greedy = most likely action).
+        res = run_cli(["eval", run_dir.name, "--json", "--runs-dir", str(run_dir.parent)], timeout=120)
+        result = json.loads(res.stdout)
+        assert result["checkpoint"].endswith("latest.pt") and result["episodes"] == 10
+        assert result["return_mean"] > 200, result
 
 
 def test_ppo_with_two_ddp_ranks_solves_with_identical_parameters_after_every_round(tmp_path):
@@ -72,5 +78,8 @@ def test_ppo_with_two_ddp_ranks_solves_with_identical_parameters_after_every_rou
 
 
 def test_ppo_learns_pendulum(tmp_path):
-    state, _ = _run_to_target(tmp_path, "ppo-pendulum", -250.0)
+    state, run_dir = _run_to_target(tmp_path, "ppo-pendulum", -250.0)
     assert state["metrics"]["charts/episode_length_mean"] == 200
+    # The Gaussian's mean, clipped to the action bounds, on fresh episodes.
+    res = run_cli(["eval", run_dir.name, "--json", "--runs-dir", str(run_dir.parent)], timeout=120)
+    assert json.loads(res.stdout)["return_mean"] > -500, res.stdout
