@@ -136,7 +136,13 @@ class ActorCritic(nn.Module):
                                                  FlatMLP(self.obs_shape, hidden, activation))
             self.actor_head = nn.Linear(self.actor_body.out_dim, out)
             self.critic_head = nn.Linear(self.critic_body.out_dim, 1)
-        # Small last-layer init (as CleanRL/SB3): the first policy is near uniform / near zero mean.
+        # Orthogonal init as CleanRL and SB3 use for PPO: sqrt(2) gain in the trunks, a small last policy layer
+        # (the first policy is near uniform / near zero mean).
+        for body in {self.actor_body, self.critic_body}:
+            for layer in body.modules():
+                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                    nn.init.zeros_(layer.bias)
         nn.init.orthogonal_(self.actor_head.weight, 0.01)
         nn.init.zeros_(self.actor_head.bias)
         nn.init.orthogonal_(self.critic_head.weight, 1.0)

@@ -194,7 +194,8 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
         wire.send(push, "rollout", "collector-0", 0, None, {**good, "reward": np.ones((8, 3), np.float32)})  # ragged
         wire.send(push, "rollout", "collector-0", 0, None, {k: v for k, v in good.items() if k != "logp"})  # missing
         push.send_multipart([b"not msgpack at all"])
-        wire.send(stranger.client(zmq.PUSH, rollout_ep), "rollout", "collector-1", 0, None, good)  # wrong keys
+        intruder = stranger.client(zmq.PUSH, rollout_ep)  # kept: a dropped socket closes before its handshake
+        wire.send(intruder, "rollout", "collector-1", 0, None, good)  # wrong keys
         # One PPO round needs version 0 from both of this rank's collectors.
         wire.send(push, "rollout", "collector-0", 0, None, good)
         wire.send(push, "rollout", "collector-1", 0, None, good)
@@ -220,3 +221,68 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
         net.close()
     assert proc.returncode == 0
     assert (tmp_path / "ckpt" / "latest.pt").is_file()
+
+
+def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscribes_late(tmp_path):
+    # Rank 0 gets its collector's rollout at once and waits in the ranks' stop agreement for rank 1, whose collector
+    # subscribed after every publication so far: rank 0 must keep re-publishing or both ranks wait forever.
+    from rlctl.envs import probe_space_info
+    from rlctl.spec import dumps_toml, resolved_dict, validate_job
+
+    spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
+                         "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},
+                         "topology": {"collectors": 2, "evaluator": False, "learner_procs": 2}})
+    job = tmp_path / "job.toml"
+    job.write_text(dumps_toml(resolved_dict(spec)))
+    control_port, weights_port, r0, r1 = _free_ports(4)
+    keys = wire.CurveKeys.generate()
+    weights_ep, rollouts = f"tcp://127.0.0.1:{weights_port}", [f"tcp://127.0.0.1:{r0}", f"tcp://127.0.0.1:{r1}"]
+    env = {**os.environ, "RLCTL_ROLE": "learner", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
+           "RLCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "RLCTL_ENDPOINTS": json.dumps({"control": f"tcp://127.0.0.1:{control_port}", "weights": weights_ep,
+                                          "replay": [], "rollouts": rollouts}),
+           "RLCTL_BINDS": json.dumps({"weights": weights_ep, "rollouts-0": rollouts[0], "rollouts-1": rollouts[1]}),
+           wire.KEYS_ENV: keys.to_env()}
+    net = wire.SecureContext(keys)
+    control = net.server(zmq.ROUTER, f"tcp://127.0.0.1:{control_port}")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "rlctl.roles.learner"], env=env, start_new_session=True)
+    identities: dict[str, list] = {}
+    good = _rollout(probe_space_info(spec.env), 8, 2)
+
+    def weights_version(sub, at_least: int, timeout_s: float) -> int:
+        """The first published version >= at_least (-1 if none arrives in time)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if sub.poll(100):
+                _, msg = wire.recv(sub)
+                if msg.kind == "weights" and msg.version >= at_least:
+                    return msg.version
+        return -1
+
+    try:
+        deadline = time.time() + 90
+        while len(identities) < 2 and time.time() < deadline:
+            if control.poll(200):
+                ident, msg = wire.recv(control, routed=True)
+                identities[msg.sender] = ident
+        assert set(identities) == {"learner-0", "learner-1"}
+        early = net.client(zmq.SUB, weights_ep, subscribe=b"")
+        assert weights_version(early, 0, 30) == 0
+        # Kept in variables: a dropped socket closes at once (linger 0) and takes its unsent message with it.
+        push0, push1 = net.client(zmq.PUSH, rollouts[0]), net.client(zmq.PUSH, rollouts[1])
+        wire.send(push0, "rollout", "collector-0", 0, None, good)
+        time.sleep(3.0)  # rank 0 is now waiting for rank 1; its re-publishing has backed off to once a second
+        late = net.client(zmq.SUB, weights_ep, subscribe=b"")
+        assert weights_version(late, 0, 10) == 0, "rank 0 stopped publishing while it waited"
+        wire.send(push1, "rollout", "collector-1", 0, None, good)
+        assert weights_version(late, 1, 30) == 1, "the round did not complete"
+        for ident in identities.values():
+            wire.send(control, "stop", "supervisor", 0, {}, prefix=ident)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        net.close()
+    assert proc.returncode == 0

@@ -262,12 +262,23 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
     next_ckpt = time.monotonic() + job.logging.checkpoint_interval_s
     last_t, last_version, samples, lags, stats = time.monotonic(), 0, 0, [], {}
     stop_flag = torch.zeros(1)
+    wait_s = 0.0
     while True:
+        t0 = time.monotonic()
         msgs = gather()
+        wait_s += time.monotonic() - t0
         if world > 1:
-            # Ranks agree to stop at the same version so no rank is left inside a collective.
+            # Ranks agree to stop at the same version so no rank is left inside a collective. Asynchronously:
+            # while rank 0 waits here for a rank whose collector has not seen the weights yet (its subscription
+            # completed after the last publication), it must keep re-publishing them, or both wait forever.
             stop_flag.fill_(float(msgs is None))
-            dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
+            work = dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, async_op=True)
+            while not work.is_completed():
+                now = time.monotonic()
+                if now - last_publish >= republish_s:
+                    publish(again=True)
+                time.sleep(0.0005)
+            work.wait()
             if stop_flag.item():
                 break
         elif msgs is None:
@@ -292,8 +303,9 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
                 "rank": rank, **stats, "learner/updates": version, "learner/version": version,
                 "learner/updates_per_s": (version - last_version) / dt, "learner/samples_per_s": samples * world / dt,
                 "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0, "learner/rollouts_dropped": stale,
-                "learner/lr": lr, "learner/digest_chain": chain, "net/dropped": inbox.dropped})
-            last_t, last_version, samples, lags = now, version, 0, []
+                "learner/lr": lr, "learner/rollout_wait_frac": wait_s / dt, "learner/digest_chain": chain,
+                "net/dropped": inbox.dropped})
+            last_t, last_version, samples, lags, wait_s = now, version, 0, [], 0.0
     if rank == 0:
         saves += 1
         checkpoint()
