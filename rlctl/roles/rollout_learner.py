@@ -217,6 +217,11 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             last_publish = time.monotonic()
             republish_s = min(2 * republish_s, REPUBLISH_MAX_S) if again else REPUBLISH_FIRST_S
 
+    def republish_if_due() -> None:
+        """While waiting: send the current weights again for subscribers that joined late."""
+        if time.monotonic() - last_publish >= republish_s:
+            publish(again=True)
+
     def checkpoint() -> None:
         payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
                    "model": online.state_dict(), "optimizer": learner.opt.state_dict(), "updates": version,
@@ -249,10 +254,8 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
                 return [got[c] for c in sorted(got)]
             if not synchronous and len(batch) >= algo.rollouts_per_batch:
                 return batch
-            now = time.monotonic()
-            if now - last_publish >= republish_s:
-                publish(again=True)
-            if control.due(now):
+            republish_if_due()
+            if control.due():
                 control.heartbeat({"rank": rank, "learner/updates": version, "learner/waiting": 1,
                                    "learner/rollouts_dropped": stale, "net/dropped": inbox.dropped})
 
@@ -266,7 +269,6 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
     while True:
         t0 = time.monotonic()
         msgs = gather()
-        wait_s += time.monotonic() - t0
         if world > 1:
             # Ranks agree to stop at the same version so no rank is left inside a collective. Asynchronously:
             # while rank 0 waits here for a rank whose collector has not seen the weights yet (its subscription
@@ -274,15 +276,14 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             stop_flag.fill_(float(msgs is None))
             work = dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX, async_op=True)
             while not work.is_completed():
-                now = time.monotonic()
-                if now - last_publish >= republish_s:
-                    publish(again=True)
+                republish_if_due()
                 time.sleep(0.0005)
             work.wait()
             if stop_flag.item():
                 break
         elif msgs is None:
             break
+        wait_s += time.monotonic() - t0
         lags.extend(version - m.version for m in msgs)
         batch = stack_rollouts(msgs, device)
         samples += int(batch["valid"].sum())
