@@ -122,7 +122,6 @@ class CollectorReport:
         self.control, self.weights, self.sender, self.episodes = control, weights, sender, episodes
         self.env_steps = 0
         self.last_steps, self.last_t = 0, time.monotonic()
-        self.extra: dict = {}
 
     def __call__(self) -> None:
         """Send a heartbeat if one is due."""
@@ -134,7 +133,7 @@ class CollectorReport:
         self.control.heartbeat({
             "env_steps": self.env_steps, "charts/env_steps_per_s": rate,
             "collector/weight_version": self.weights.version, "collector/sent": self.sender.sent,
-            **self.episodes.take(), "net/dropped": self.weights.dropped, **self.extra,
+            **self.episodes.take(), "net/dropped": self.weights.dropped,
         })
 
 
