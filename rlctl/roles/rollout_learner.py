@@ -168,7 +168,7 @@ class RolloutLearner:
         totals: dict[str, torch.Tensor] = {}  # summed as tensors: one conversion per round, not per step
         counts: dict[str, int] = {}
         for epoch in range(algo.epochs):
-            last_epoch = epoch == algo.epochs - 1  # KL and clip fraction are reported for the last pass (as CleanRL)
+            last_epoch = epoch == algo.epochs - 1  # statistics are of the last pass (as CleanRL reports them)
             perm = torch.randperm(n, generator=self.generator).to(self.device)
             # tensor_split always gives `minibatches` parts, so every rank takes the same number of DDP steps.
             for idx in perm.tensor_split(algo.minibatches):
@@ -185,9 +185,10 @@ class RolloutLearner:
                                        entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef,
                                        diagnostics=last_epoch)
                 self._step(loss)
-                for k, v in stats.items():
-                    totals[k] = totals[k] + v if k in totals else v
-                    counts[k] = counts.get(k, 0) + 1
+                if last_epoch:
+                    for k, v in stats.items():
+                        totals[k] = totals[k] + v if k in totals else v
+                        counts[k] = counts.get(k, 0) + 1
         return {k: float(v) / counts[k] for k, v in totals.items()}
 
 
