@@ -34,18 +34,20 @@ from rlctl import wire  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
-def synthetic_rollout(T: int, n_envs: int, obs_shape: tuple, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """A CartPole-shaped rollout in the collector's layout, every step valid and no episode ends."""
-    return {
-        "obs": rng.normal(size=(T + 1, n_envs, *obs_shape)).astype(np.float32),
-        "value": rng.normal(size=(T + 1, n_envs)).astype(np.float32),
-        "action": rng.integers(0, 2, size=(T, n_envs)).astype(np.int64),
-        "logp": np.full((T, n_envs), np.log(0.5), dtype=np.float32),
-        "reward": np.ones((T, n_envs), dtype=np.float32),
-        "terminated": np.zeros((T, n_envs), dtype=bool),
-        "done": np.zeros((T, n_envs), dtype=bool),
-        "valid": np.ones((T, n_envs), dtype=bool),
-    }
+def synthetic_rollout(T: int, n_envs: int, info, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A rollout in the collector's layout (RolloutBuffer), every step valid and no episode ends."""
+    from rlctl.roles.collector import RolloutBuffer
+
+    a = RolloutBuffer(T, n_envs, info).arrays
+    a["obs"][:] = rng.normal(size=a["obs"].shape)
+    a["value"][:] = rng.normal(size=a["value"].shape)
+    a["action"][:] = rng.integers(0, 2, size=a["action"].shape)
+    a["logp"][:] = np.log(0.5)
+    a["reward"][:] = 1.0
+    a["terminated"][:] = False
+    a["done"][:] = False
+    a["valid"][:] = True
+    return a
 
 
 def measure_learner(job_path: Path, spec, rollouts: list[dict], seconds: float, warmup: float) -> dict:
@@ -164,7 +166,10 @@ def main() -> None:
     if algo.name != "ppo":
         sys.exit(f"{job_path}: bench/learner.py measures PPO; this job runs {algo.name}")
     rng = np.random.default_rng(0)
-    rollouts = [synthetic_rollout(algo.rollout_len, spec.env.envs_per_collector, (4,), rng)
+    from rlctl.envs import probe_space_info
+
+    info = probe_space_info(spec.env)
+    rollouts = [synthetic_rollout(algo.rollout_len, spec.env.envs_per_collector, info, rng)
                 for _ in range(spec.collector_count)]
     per_round = algo.rollout_len * spec.env.envs_per_collector * spec.collector_count
     print(f"PPO round: {per_round} samples, {algo.epochs} epochs x {algo.minibatches} minibatches "

@@ -185,9 +185,8 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
                  "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}
-        for rank in range(node * procs_per_node, (node + 1) * procs_per_node):
-            if rollout_ports:
-                binds[f"rollouts-{rank}"] = f"tcp://{_bind(h, all_local)}:{rollout_ports[rank]}"
+        for rank in range(node * procs_per_node, (node + 1) * procs_per_node) if rollout_ports else ():
+            binds[f"rollouts-{rank}"] = f"tcp://{_bind(h, all_local)}:{rollout_ports[rank]}"
         add("learner", node, h, argv, binds)
     evaluators = [h for h in hosts if h.evaluator]
     for rank, h in enumerate(evaluators):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import msgpack
 import numpy as np
@@ -150,106 +152,96 @@ def _rollout(info, T: int, n_envs: int) -> dict[str, np.ndarray]:
     return a
 
 
-def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(tmp_path):
+@contextlib.contextmanager
+def _ppo_learner(tmp_path, ranks: int):
+    """A real PPO learner (torchrun, `ranks` ranks, two collectors in the job) started as the plan would, with the
+    test playing the supervisor's control ROUTER; yields its sockets, endpoints and one valid rollout."""
     from rlctl.envs import probe_space_info
     from rlctl.spec import dumps_toml, resolved_dict, validate_job
 
     spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
                          "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},
-                         "topology": {"collectors": 2, "evaluator": False}})
+                         "topology": {"collectors": 2, "evaluator": False, "learner_procs": ranks}})
     job = tmp_path / "job.toml"
     job.write_text(dumps_toml(resolved_dict(spec)))
-    control_port, weights_port, rollout_port = _free_ports(3)
+    control_port, weights_port, *rollout_ports = _free_ports(2 + ranks)
     keys = wire.CurveKeys.generate()
-    weights_ep, rollout_ep = f"tcp://127.0.0.1:{weights_port}", f"tcp://127.0.0.1:{rollout_port}"
+    weights_ep = f"tcp://127.0.0.1:{weights_port}"
+    rollouts = [f"tcp://127.0.0.1:{port}" for port in rollout_ports]
     env = {**os.environ, "RLCTL_ROLE": "learner", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
            "RLCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
            "RLCTL_ENDPOINTS": json.dumps({"control": f"tcp://127.0.0.1:{control_port}", "weights": weights_ep,
-                                          "replay": [], "rollouts": [rollout_ep]}),
-           "RLCTL_BINDS": json.dumps({"weights": weights_ep, "rollouts-0": rollout_ep}), wire.KEYS_ENV: keys.to_env()}
+                                          "replay": [], "rollouts": rollouts}),
+           "RLCTL_BINDS": json.dumps({"weights": weights_ep, **{f"rollouts-{r}": ep for r, ep in enumerate(rollouts)}}),
+           wire.KEYS_ENV: keys.to_env()}
     net = wire.SecureContext(keys)
     control = net.server(zmq.ROUTER, f"tcp://127.0.0.1:{control_port}")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                             "-m", "rlctl.roles.learner"], env=env, start_new_session=True)
-    stranger = wire.SecureContext(wire.CurveKeys.generate())
-    metrics: dict = {}
-    identity: list = []
-
-    def until(pred, what):
-        nonlocal metrics, identity
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if control.poll(200):
-                identity, msg = wire.recv(control, routed=True)
-                metrics = (msg.meta.get("metrics") or metrics) if msg.kind == "heartbeat" else metrics
-                if pred(metrics):
-                    return
-        pytest.fail(f"{what}: {metrics}")
-
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(ranks), "-m", "rlctl.roles.learner"], env=env, start_new_session=True)
     try:
-        sub = net.client(zmq.SUB, weights_ep, subscribe=b"")
-        push = net.client(zmq.PUSH, rollout_ep)
-        good = _rollout(probe_space_info(spec.env), 8, 2)
-        until(lambda m: "learner/updates" in m, "learner never reported")
-        wire.send(push, "rollout", "collector-0", 0, None, {**good, "reward": np.ones((8, 3), np.float32)})  # ragged
-        wire.send(push, "rollout", "collector-0", 0, None, {k: v for k, v in good.items() if k != "logp"})  # missing
-        push.send_multipart([b"not msgpack at all"])
-        intruder = stranger.client(zmq.PUSH, rollout_ep)  # kept: a dropped socket closes before its handshake
-        wire.send(intruder, "rollout", "collector-1", 0, None, good)  # wrong keys
-        # One PPO round needs version 0 from both of this rank's collectors.
-        wire.send(push, "rollout", "collector-0", 0, None, good)
-        wire.send(push, "rollout", "collector-1", 0, None, good)
-        until(lambda m: m.get("learner/updates") == 1, "no update after a full round")
-        wire.send(push, "rollout", "collector-0", 0, None, good)  # version 0 again: now stale
-        until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 3
-              and m.get("net/refused", 0) >= 1, "stale/malformed/refused not counted")
-        assert proc.poll() is None, "the learner must keep running"
-        newest = None
-        while sub.poll(2000):
-            _, newest = wire.recv(sub)
-            if newest.version >= 1:
-                break
-        assert newest is not None and newest.version == 1 and newest.kind == "weights"
-        # Stopped as the supervisor stops learners: a control-channel `stop`, then a final checkpoint.
-        wire.send(control, "stop", "supervisor", 0, {}, prefix=identity)
-        proc.wait(timeout=30)
+        yield SimpleNamespace(proc=proc, net=net, control=control, weights=weights_ep, rollouts=rollouts,
+                              good=_rollout(probe_space_info(spec.env), 8, 2))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        stranger.close()
         net.close()
-    assert proc.returncode == 0
+
+
+def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(tmp_path):
+    metrics: dict = {}
+    identity: list = []
+    with _ppo_learner(tmp_path, ranks=1) as learner:
+        control, good, rollout_ep = learner.control, learner.good, learner.rollouts[0]
+
+        def until(pred, what):
+            nonlocal metrics, identity
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                if control.poll(200):
+                    identity, msg = wire.recv(control, routed=True)
+                    metrics = (msg.meta.get("metrics") or metrics) if msg.kind == "heartbeat" else metrics
+                    if pred(metrics):
+                        return
+            pytest.fail(f"{what}: {metrics}")
+
+        stranger = wire.SecureContext(wire.CurveKeys.generate())
+        try:
+            sub = learner.net.client(zmq.SUB, learner.weights, subscribe=b"")
+            push = learner.net.client(zmq.PUSH, rollout_ep)
+            until(lambda m: "learner/updates" in m, "learner never reported")
+            ragged = {**good, "reward": np.ones((8, 3), np.float32)}
+            wire.send(push, "rollout", "collector-0", 0, None, ragged)
+            wire.send(push, "rollout", "collector-0", 0, None, {k: v for k, v in good.items() if k != "logp"})
+            push.send_multipart([b"not msgpack at all"])
+            intruder = stranger.client(zmq.PUSH, rollout_ep)  # kept: a dropped socket closes before its handshake
+            wire.send(intruder, "rollout", "collector-1", 0, None, good)  # wrong keys
+            # One PPO round needs version 0 from both of this rank's collectors.
+            wire.send(push, "rollout", "collector-0", 0, None, good)
+            wire.send(push, "rollout", "collector-1", 0, None, good)
+            until(lambda m: m.get("learner/updates") == 1, "no update after a full round")
+            wire.send(push, "rollout", "collector-0", 0, None, good)  # version 0 again: now stale
+            until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 3
+                  and m.get("net/refused", 0) >= 1, "stale/malformed/refused not counted")
+            assert learner.proc.poll() is None, "the learner must keep running"
+            newest = None
+            while sub.poll(2000):
+                _, newest = wire.recv(sub)
+                if newest.version >= 1:
+                    break
+            assert newest is not None and newest.version == 1 and newest.kind == "weights"
+            # Stopped as the supervisor stops learners: a control-channel `stop`, then a final checkpoint.
+            wire.send(control, "stop", "supervisor", 0, {}, prefix=identity)
+            learner.proc.wait(timeout=30)
+        finally:
+            stranger.close()
+    assert learner.proc.returncode == 0
     assert (tmp_path / "ckpt" / "latest.pt").is_file()
 
 
 def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscribes_late(tmp_path):
     # Rank 0 gets its collector's rollout at once and waits in the ranks' stop agreement for rank 1, whose collector
     # subscribed after every publication so far: rank 0 must keep re-publishing or both ranks wait forever.
-    from rlctl.envs import probe_space_info
-    from rlctl.spec import dumps_toml, resolved_dict, validate_job
-
-    spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
-                         "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},
-                         "topology": {"collectors": 2, "evaluator": False, "learner_procs": 2}})
-    job = tmp_path / "job.toml"
-    job.write_text(dumps_toml(resolved_dict(spec)))
-    control_port, weights_port, r0, r1 = _free_ports(4)
-    keys = wire.CurveKeys.generate()
-    weights_ep, rollouts = f"tcp://127.0.0.1:{weights_port}", [f"tcp://127.0.0.1:{r0}", f"tcp://127.0.0.1:{r1}"]
-    env = {**os.environ, "RLCTL_ROLE": "learner", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
-           "RLCTL_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-           "RLCTL_ENDPOINTS": json.dumps({"control": f"tcp://127.0.0.1:{control_port}", "weights": weights_ep,
-                                          "replay": [], "rollouts": rollouts}),
-           "RLCTL_BINDS": json.dumps({"weights": weights_ep, "rollouts-0": rollouts[0], "rollouts-1": rollouts[1]}),
-           wire.KEYS_ENV: keys.to_env()}
-    net = wire.SecureContext(keys)
-    control = net.server(zmq.ROUTER, f"tcp://127.0.0.1:{control_port}")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "rlctl.roles.learner"], env=env, start_new_session=True)
-    identities: dict[str, list] = {}
-    good = _rollout(probe_space_info(spec.env), 8, 2)
-
     def weights_version(sub, at_least: int, timeout_s: float) -> int:
         """The first published version >= at_least (-1 if none arrives in time)."""
         deadline = time.time() + timeout_s
@@ -260,29 +252,26 @@ def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscrib
                     return msg.version
         return -1
 
-    try:
+    identities: dict[str, list] = {}
+    with _ppo_learner(tmp_path, ranks=2) as learner:
+        net, control, good = learner.net, learner.control, learner.good
         deadline = time.time() + 90
         while len(identities) < 2 and time.time() < deadline:
             if control.poll(200):
                 ident, msg = wire.recv(control, routed=True)
                 identities[msg.sender] = ident
         assert set(identities) == {"learner-0", "learner-1"}
-        early = net.client(zmq.SUB, weights_ep, subscribe=b"")
+        early = net.client(zmq.SUB, learner.weights, subscribe=b"")
         assert weights_version(early, 0, 30) == 0
         # Kept in variables: a dropped socket closes at once (linger 0) and takes its unsent message with it.
-        push0, push1 = net.client(zmq.PUSH, rollouts[0]), net.client(zmq.PUSH, rollouts[1])
+        push0, push1 = net.client(zmq.PUSH, learner.rollouts[0]), net.client(zmq.PUSH, learner.rollouts[1])
         wire.send(push0, "rollout", "collector-0", 0, None, good)
         time.sleep(3.0)  # rank 0 is now waiting for rank 1; its re-publishing has backed off to once a second
-        late = net.client(zmq.SUB, weights_ep, subscribe=b"")
+        late = net.client(zmq.SUB, learner.weights, subscribe=b"")
         assert weights_version(late, 0, 10) == 0, "rank 0 stopped publishing while it waited"
         wire.send(push1, "rollout", "collector-1", 0, None, good)
         assert weights_version(late, 1, 30) == 1, "the round did not complete"
         for ident in identities.values():
             wire.send(control, "stop", "supervisor", 0, {}, prefix=ident)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        net.close()
-    assert proc.returncode == 0
+        learner.proc.wait(timeout=60)
+    assert learner.proc.returncode == 0

@@ -206,22 +206,30 @@ def run_transitions(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model
         report()
 
 
+def rollout_layout(T: int, info: SpaceInfo) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
+    """The rollout message: field -> (rows, per-env shape, dtype); every array is [rows, n_envs, *per-env shape].
+
+    T steps per env, plus the (T+1)th observation and its value for bootstrapping. The learner validates what it
+    receives against the same layout.
+    """
+    act_shape, act_dtype = ((), np.int64) if info.discrete else (tuple(info.action_shape), np.float32)
+    return {"obs": (T + 1, tuple(info.obs_shape), np.dtype(info.obs_dtype)),
+            "value": (T + 1, (), np.dtype(np.float32)),
+            "action": (T, act_shape, np.dtype(act_dtype)),
+            "logp": (T, (), np.dtype(np.float32)),
+            "reward": (T, (), np.dtype(np.float32)),
+            "terminated": (T, (), np.dtype(bool)),
+            "done": (T, (), np.dtype(bool)),
+            "valid": (T, (), np.dtype(bool))}
+
+
 class RolloutBuffer:
-    """Preallocated arrays of one rollout: T steps of N envs plus the (T+1)th observation and value."""
+    """Preallocated arrays of one rollout (rollout_layout) for `n_envs` envs."""
 
     def __init__(self, T: int, n_envs: int, info: SpaceInfo):
         self.T = T
-        act_shape, act_dtype = ((), np.int64) if info.discrete else (info.action_shape, np.float32)
-        self.arrays = {
-            "obs": np.empty((T + 1, n_envs, *info.obs_shape), dtype=info.obs_dtype),
-            "value": np.zeros((T + 1, n_envs), dtype=np.float32),
-            "action": np.zeros((T, n_envs, *act_shape), dtype=act_dtype),
-            "logp": np.zeros((T, n_envs), dtype=np.float32),
-            "reward": np.zeros((T, n_envs), dtype=np.float32),
-            "terminated": np.zeros((T, n_envs), dtype=bool),
-            "done": np.zeros((T, n_envs), dtype=bool),
-            "valid": np.zeros((T, n_envs), dtype=bool),
-        }
+        self.arrays = {name: np.empty((rows, n_envs, *shape), dtype=dtype)
+                       for name, (rows, shape, dtype) in rollout_layout(T, info).items()}
 
 
 def run_rollouts(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: ActorCritic,

@@ -25,14 +25,13 @@ from rlctl.algos.onpolicy import gae, impala_loss, ppo_loss, vtrace
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.models import ActorCritic, build_policy, flat_parameters, parameter_digest
-from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER
+from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER, rollout_layout
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 from rlctl.spec import SYNCHRONOUS, resolved_dict
 
 # While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
 # before a subscription completes): soon at first, then backing off to once a second.
 REPUBLISH_FIRST_S, REPUBLISH_MAX_S = 0.05, 1.0
-ROLLOUT_FIELDS = ("obs", "value", "action", "logp", "reward", "terminated", "done", "valid")
 
 
 class RolloutInbox:
@@ -40,20 +39,13 @@ class RolloutInbox:
 
     def __init__(self, net: wire.SecureContext, endpoint: str, info: SpaceInfo, T: int):
         # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
-        # instead of piling up in socket buffers.
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER)  # 1 would never deliver a multipart message
-        act = () if info.discrete else tuple(info.action_shape)
-        # field -> (leading rows, trailing shape, dtype)
-        self.layout = {"obs": (T + 1, tuple(info.obs_shape), np.dtype(info.obs_dtype)),
-                       "value": (T + 1, (), np.dtype(np.float32)),
-                       "action": (T, act, np.dtype(np.int64 if info.discrete else np.float32)),
-                       "logp": (T, (), np.dtype(np.float32)), "reward": (T, (), np.dtype(np.float32)),
-                       "terminated": (T, (), np.dtype(bool)), "done": (T, (), np.dtype(bool)),
-                       "valid": (T, (), np.dtype(bool))}
+        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does.
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER)
+        self.layout = rollout_layout(T, info)
         self.dropped = 0
 
     def _valid(self, msg: wire.Message) -> bool:
-        if msg.kind != "rollout" or set(msg.arrays) != set(ROLLOUT_FIELDS):
+        if msg.kind != "rollout" or msg.arrays.keys() != self.layout.keys():
             return False
         n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
         for name, (rows, trailing, dtype) in self.layout.items():
@@ -86,7 +78,7 @@ def collector_index(sender: str) -> int:
 def stack_rollouts(msgs: list[wire.Message], device: torch.device) -> dict[str, torch.Tensor]:
     """Concatenate rollouts along the env axis into [T(+1), B, ...] tensors on `device`."""
     return {k: torch.from_numpy(np.concatenate([m.arrays[k] for m in msgs], axis=1)).to(device)
-            for k in ROLLOUT_FIELDS}
+            for k in msgs[0].arrays}
 
 
 class RolloutLearner:
@@ -94,7 +86,7 @@ class RolloutLearner:
 
     def __init__(self, rc: RoleContext, device: torch.device, world: int, info: SpaceInfo):
         job, algo = rc.job, rc.job.algorithm
-        self.algo, self.device, self.info = algo, device, info
+        self.algo, self.device = algo, device
         self.online: ActorCritic = build_policy(job, info).to(device)
         self.model = DDP(self.online, device_ids=[device.index] if device.type == "cuda" else None) \
             if world > 1 else self.online
