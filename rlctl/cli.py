@@ -136,14 +136,13 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
     from rlctl.spec import dumps_toml, resolved_dict
 
     spec = _load(job_file)
-    remote = [h.name for h in spec.hosts if not h.is_local]
-    if remote:
-        raise _bad_input(f"{job_file}: hosts {', '.join(remote)} are remote; launching over SSH is not available "
-                         "in this version (`rlctl plan` shows the commands it will use)")
+    base_port = choose_base_port(spec)
+    if any(not h.is_local for h in spec.hosts):
+        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python()))
     root = runs_root(runs_dir).resolve()
     rundir = RunDir.create(root, spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
-    p = make_plan(spec, rundir.run_id, str(rundir.path), choose_base_port(spec), python=local_python())
+    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python())
     rundir.plan_json.write_text(p.to_json())
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
@@ -157,6 +156,21 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
+
+
+def _preflight(spec, plan) -> None:
+    """Check every remote host at once before anything starts; exit 1 naming each host that is not fit."""
+    from rlctl.preflight import check_hosts
+
+    started = time.time()
+    problems = check_hosts(spec, plan)
+    remote = sum(not h["local"] for h in plan.hosts)
+    if problems:
+        print(f"rlctl: {len(problems)} of {remote} remote hosts failed the check; nothing was started:", file=sys.stderr)
+        for line in problems:
+            print(f"  {line}", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED)
+    print(f"rlctl: {remote} remote hosts checked in {time.time() - started:.1f}s", file=sys.stderr)
 
 
 def _run_attached(rundir) -> int:
@@ -243,6 +257,7 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
     if status_now in TERMINAL_STATES:
         print(f"{rd.run_id} is already {status_now}")
         _reap(state)
+        _confirm_remote_hosts(rd)
         return
     pid = state.get("supervisor_pid")
     if status_now != "lost" and pid_alive(pid):
@@ -257,6 +272,7 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
             print(f"{rd.run_id} did not stop within {timeout:g}s (status {rd.effective_status(state)}); "
                   f"killing its processes", file=sys.stderr)
             _reap(state)
+            _confirm_remote_hosts(rd)
             raise typer.Exit(EXIT_FAILED)
     else:
         # The supervisor is gone: end its processes ourselves and record it.
@@ -265,6 +281,31 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
         rd.write_state(state)
     left = _reap(state)
     print(f"{rd.run_id} {rd.effective_status()}" + (f"; {left} process groups had to be killed" if left else ""))
+    if not _confirm_remote_hosts(rd):
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _confirm_remote_hosts(rd) -> bool:
+    """Check on every remote host of the run, at once, that none of its processes is left (killing any that are)."""
+    hosts = [h for h in (rd.read_plan() or {}).get("hosts", []) if not h.get("local", True)]
+    if not hosts:
+        return True
+    from rlctl.hosts import sweep_hosts
+    from rlctl.spec import load_job
+
+    spec = load_job(rd.job_toml)
+    clean = True
+    for name, result in sweep_hosts([h for h in spec.hosts if not h.is_local], rd.run_id, kill=True).items():
+        if "error" in result:
+            clean = False
+            print(f"  host {name}: could not check: {result['error']}", file=sys.stderr)
+        elif result["killed"]:
+            print(f"  host {name}: killed {len(result['killed'])} leftover processes (pids "
+                  f"{', '.join(map(str, result['killed']))})" + (f"; {len(result['left'])} still there" if result['left'] else ""))
+            clean = clean and not result["left"]
+        else:
+            print(f"  host {name}: nothing of the run left")
+    return clean
 
 
 def _reap(state: dict) -> int:

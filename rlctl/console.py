@@ -255,6 +255,25 @@ def processes_table_rows(state: dict, now: float | None = None) -> tuple[list[st
     return list(PROCESS_COLUMNS), [_process_row(p, now) for p in procs]
 
 
+HOST_COLUMNS = ["host", "where", "state", "processes", "restarts", "sessions lost"]
+
+
+def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
+    """One row per host of a job that has remote hosts (None for a job all on this machine)."""
+    from rich.text import Text
+
+    rows = state.get("host_rows") or []
+    if not any(r.get("remote") for r in rows):
+        return None
+    out = []
+    for r in rows:
+        st = str(r.get("state", "-"))
+        style = "bold red" if st == "lost" else ("green" if st == "ok" else "yellow")
+        out.append([r.get("name"), "ssh" if r.get("remote") else "local", Text(st, style=style),
+                    f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0)])
+    return HOST_COLUMNS, out
+
+
 def run_header(state: dict, now: float | None = None) -> str:
     """One-line summary: job, algorithm, run id, status, elapsed, env steps, steps/s, returns."""
     state = state if isinstance(state, dict) else {}
@@ -309,6 +328,9 @@ def live_renderable(state: dict) -> "RenderableType":
     parts: list = [Panel(Text(run_header(state)), border_style=STATUS_STYLES.get(status, ""), expand=True)]
     columns, rows = processes_table_rows(state)
     parts.append(build_table(None, columns, rows))
+    hosts = hosts_table_rows(state)
+    if hosts is not None:
+        parts.append(build_table(None, *hosts))
     if state.get("exit_reason"):
         parts.append(Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, "")))
     failure = _failure_text(state)

@@ -1,13 +1,35 @@
-"""Ways of reaching a host: one small class each, building an argv testable without a network."""
+"""Ways of reaching a host: one small class each, building an argv testable without a network.
+
+A remote process runs inside `python -m rlctl.remote run` (rlctl/remote.py), which ties its process group to
+the SSH session. Whatever the supervisor needs from it travels over that session: output on the session's
+stdout, control messages through a Unix socket that `ssh -R` forwards to the supervisor's control port, and
+secrets and the job file on the session's stdin, never on a command line.
+"""
 
 from __future__ import annotations
 
+import io
+import json
 import shlex
+import subprocess
+import tarfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from rlctl.spec import HostSpec
 
 # Never placed on a command line: these reach remote processes through the SSH session's stdin.
 SECRET_ENV = frozenset({"RLCTL_CURVE_KEYS"})
+# rlctl's options for every session (a host's ssh_options may override them; BatchMode stays yes).
+SSH_OPTIONS = {"BatchMode": "yes", "ConnectTimeout": "10", "ServerAliveInterval": "5", "ServerAliveCountMax": "3"}
+# Replaced by the start count when a process is (re)started: each session forwards its own control socket.
+ATTEMPT = "{attempt}"
+
+
+def control_socket(run_id: str, name: str) -> str:
+    """The remote Unix socket a process's session forwards to the supervisor (short: sun_path is 108 bytes)."""
+    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}-{ATTEMPT}.sock"
 
 
 class LocalLauncher:
@@ -15,7 +37,7 @@ class LocalLauncher:
 
     remote = False
 
-    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str]) -> list[str]:
+    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0) -> list[str]:
         """The command line to exec locally."""
         return list(argv)
 
@@ -27,7 +49,10 @@ class SSHLauncher:
 
     def ssh_prefix(self, host: HostSpec) -> list[str]:
         """`ssh` with batch mode and the host's options, up to and including the destination."""
-        cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+        cmd = ["ssh"]
+        # The host's options may change rlctl's defaults, but a launcher must never wait for a password prompt.
+        for key, value in {**SSH_OPTIONS, **host.ssh_options, "BatchMode": "yes"}.items():
+            cmd += ["-o", f"{key}={value}"]
         if host.port:
             cmd += ["-p", str(host.port)]
         if host.identity_file:
@@ -36,17 +61,27 @@ class SSHLauncher:
             cmd += ["-l", host.user]
         return cmd + [host.destination]
 
-    def remote_command(self, host: HostSpec, argv: list[str], env: dict[str, str]) -> str:
-        """The shell command run on the host (secrets excluded: they travel on stdin)."""
-        assignments = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k not in SECRET_ENV]
-        body = "exec env " + " ".join(assignments + [shlex.quote(a) for a in argv])
+    def shell_command(self, host: HostSpec, argv: list[str], env: dict[str, str] | None = None) -> str:
+        """The shell command run on the host: cd to its workdir, then exec argv (secrets excluded)."""
+        assignments = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items() if k not in SECRET_ENV]
+        body = "exec " + ("env " + " ".join(assignments) + " " if assignments else "") + shlex.join(argv)
         if host.workdir:
             body = f"cd {shlex.quote(host.workdir)} && {body}"
         return body
 
-    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str]) -> list[str]:
-        """The local `ssh ...` command line that starts `argv` on the host."""
-        return self.ssh_prefix(host) + ["--", self.remote_command(host, argv, env)]
+    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0) -> list[str]:
+        """The local `ssh ...` command line that starts `argv` on the host, tethered to the session."""
+        prefix = self.ssh_prefix(host)
+        forward = []
+        if control_port and "RLCTL_CONTROL" in env:
+            sock = env["RLCTL_CONTROL"].removeprefix("ipc://")
+            forward = ["-o", "ExitOnForwardFailure=yes", "-R", f"{sock}:127.0.0.1:{control_port}"]
+        wrapped = [host.python, "-m", "rlctl.remote", "run", "--", *argv]
+        return prefix[:-1] + forward + [prefix[-1], "--", self.shell_command(host, wrapped, env)]
+
+    def helper_argv(self, host: HostSpec, *args: str) -> list[str]:
+        """`ssh ...` running `python -m rlctl.remote ARGS` on the host (check, sweep, pull)."""
+        return self.ssh_prefix(host) + ["--", self.shell_command(host, [host.python, "-m", "rlctl.remote", *args])]
 
 
 LAUNCHERS = {"local": LocalLauncher(), "ssh": SSHLauncher()}
@@ -55,3 +90,71 @@ LAUNCHERS = {"local": LocalLauncher(), "ssh": SSHLauncher()}
 def launcher_for(host: HostSpec) -> LocalLauncher | SSHLauncher:
     """The launcher that reaches `host`."""
     return LAUNCHERS["local" if host.is_local else "ssh"]
+
+
+def on_hosts(hosts: list[HostSpec], args, timeout: float = 30.0) -> dict[str, subprocess.CompletedProcess]:
+    """Run `python -m rlctl.remote ARGS` on every host at once; host name -> finished ssh process.
+
+    `args` is a list of arguments for every host, or a function of the host giving its own.
+    """
+    ssh = SSHLauncher()
+
+    def one(h: HostSpec) -> subprocess.CompletedProcess:
+        argv = ssh.helper_argv(h, *(args(h) if callable(args) else args))
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, b"", f"no answer within {timeout:g}s".encode())
+
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts)))
+
+
+def last_json_line(out: bytes) -> dict | None:
+    """The last stdout line that parses as a JSON object (login banners and the like come before it)."""
+    for line in reversed(out.decode("utf-8", "replace").splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def ssh_failure(proc: subprocess.CompletedProcess) -> str:
+    """What went wrong, in the words of ssh or the remote shell (their last line of stderr)."""
+    lines = [ln.strip() for ln in proc.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def sweep_hosts(hosts: list[HostSpec], run_id: str, kill: bool = True) -> dict[str, dict]:
+    """On every host at once: the run's processes left there (killed with kill); host -> {left, killed} or {error}."""
+    out = {}
+    for name, proc in on_hosts(hosts, ["sweep", run_id, *(["--kill"] if kill else [])], timeout=20).items():
+        result = last_json_line(proc.stdout) if proc.returncode == 0 else None
+        out[name] = result if result is not None else {"error": ssh_failure(proc)}
+    return out
+
+
+def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path) -> dict[str, list[str] | str]:
+    """Copy the files of `remote_dir` (relative to each host's workdir) into `local_dir`; host -> names or error."""
+    out: dict[str, list[str] | str] = {}
+    for name, proc in on_hosts(hosts, ["pull", remote_dir], timeout=120).items():
+        if proc.returncode != 0:
+            out[name] = ssh_failure(proc)
+            continue
+        names = []
+        with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
+            for member in tar:
+                # Plain files with plain names only: nothing a tar stream says may land outside local_dir.
+                if member.isfile() and "/" not in member.name and not member.name.startswith("."):
+                    data = tar.extractfile(member).read()
+                    tmp = local_dir / f".{member.name}.pull"
+                    tmp.write_bytes(data)
+                    tmp.replace(local_dir / member.name)
+                    names.append(member.name)
+        out[name] = names
+    return out

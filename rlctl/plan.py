@@ -12,7 +12,8 @@ import sys
 import zlib
 from dataclasses import asdict, dataclass, field
 
-from rlctl.hosts import SECRET_ENV, launcher_for
+from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
+from rlctl.remote import remote_run_dir
 from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
 
 SECRET_MASK = "********"
@@ -39,6 +40,7 @@ class ProcessSpec:
     env: dict[str, str]
     binds: dict[str, str] = field(default_factory=dict)
     critical: bool = False
+    remote: bool = False  # started over SSH: argv is the `ssh` command, env is what the remote side gets
 
 
 @dataclass(frozen=True)
@@ -168,20 +170,30 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
     procs: list[ProcessSpec] = []
 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
+        name = f"{role}-{rank}"
         env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
                "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":"))}
+        if not all_local:
+            env["RLCTL_ADVERTISE"] = addr(h)  # learners pick the network interface for gloo/nccl from it
+        if not h.is_local:
+            # The job file arrives on the session's stdin; the run's files live under the host's workdir.
+            remote_dir = remote_run_dir(run_id)
+            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=f"{remote_dir}/checkpoints",
+                       RLCTL_CONTROL=f"ipc://{control_socket(run_id, name)}")
         py = python if (python and h.is_local) else h.python
-        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env)
-        procs.append(ProcessSpec(f"{role}-{rank}", role, rank, h.name, full, env, binds, role in CRITICAL_ROLES))
+        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port)
+        procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local))
 
     for rank, (h, r) in enumerate(zip(shards, replay_eps)):
         add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
             {"experience": r["bind_experience"], "sample": r["bind_sample"]})
     for node, h in enumerate(learner_nodes):
+        # Static rendezvous: ranks are node_rank * procs + local_rank, so the plan knows which node holds each rank
+        # (rank 0 binds the weights port, rank r its rollout port) before anything starts.
         argv = ["{python}", "-m", "torch.distributed.run",
-                "--nnodes", "1", "--nproc-per-node", str(spec.topology.learner_procs), "--node-rank", str(node),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(endpoints["rendezvous"]), "--rdzv-id", run_id,
-                "--max-restarts", "0", "--monitor-interval", "0.2",
+                "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(procs_per_node),
+                "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
+                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
                  "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}

@@ -318,6 +318,8 @@ class HostSpec(Section):
     """SSH port."""
     identity_file: str | None = None
     """SSH identity file."""
+    ssh_options: dict[str, str] = {}
+    """Extra `ssh -o KEY=VALUE` options (e.g. `{ ProxyJump = "bastion" }`); `~/.ssh/config` applies as well."""
     python: str = "python3"
     """Python interpreter (or venv's) on that host."""
     workdir: str | None = None
@@ -327,7 +329,7 @@ class HostSpec(Section):
     advertise_address: str | None = None
     """Address the other hosts reach this one at; default the destination."""
     learner: bool = False
-    """Run a learner node (`topology.learner_procs` processes) here."""
+    """Run a learner node (`topology.learner_procs` processes) here; the first such host is the head (rank 0)."""
     collectors: Annotated[int, Field(ge=0, le=100_000)] = 0
     """Collector processes here."""
     replay_shards: Annotated[int, Field(ge=0, le=100_000)] = 0
@@ -385,12 +387,18 @@ class JobSpec(Section):
         if explicit:
             keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
             raise ValueError(f"{keys}: with [[hosts]] listed, set these counts per host instead")
-        if sum(h.learner for h in self.hosts) != 1:
-            raise ValueError("hosts: exactly one host must have learner = true (multi-node learners arrive with SSH hosts)")
+        if not any(h.learner for h in self.hosts):
+            raise ValueError("hosts: at least one host must have learner = true (the first one is the head, rank 0)")
         if sum(h.evaluator for h in self.hosts) > 1:
             raise ValueError("hosts: at most one host may have evaluator = true")
         if self.algorithm.name in OFF_POLICY and sum(h.replay_shards for h in self.hosts) == 0:
             raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
+        if not all(h.is_local for h in self.hosts):
+            # Remote hosts connect to this machine's servers, so "localhost" is not an address they can use.
+            for i, h in enumerate(self.hosts):
+                if h.is_local and (h.learner or h.replay_shards) and not h.advertise_address:
+                    raise ValueError(f"hosts[{i}].advertise_address: {h.name!r} runs servers that remote hosts connect "
+                                     "to; give the address they reach this machine at")
         return self
 
     @property

@@ -9,6 +9,7 @@ into flags checked by the loop; shutdown always runs in `finally`.
 from __future__ import annotations
 
 import enum
+import json
 import os
 import signal
 import subprocess
@@ -22,12 +23,16 @@ from pathlib import Path
 import zmq
 
 from rlctl import wire
+from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
 from rlctl.plan import LaunchPlan, ProcessSpec, make_plan
+from rlctl.remote import remote_run_dir
 from rlctl.rundir import RunDir, group_alive
 from rlctl.spec import JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
+REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
+SSH_FAILED = 255
 STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
@@ -80,16 +85,37 @@ class ProcessHandle:
     exit_code: int | None = None
     last_heartbeat: float | None = None
     metrics: dict = field(default_factory=dict)
+    kill_sent_at: float | None = None  # remote: when KILL went down the session
+    lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
+    last_exit: int | None = None  # exit code of the previous start, kept across restarts
 
-    def start(self, env: dict[str, str], logs_dir: Path) -> None:
-        """Spawn in a new process group, output piped to a LogPump."""
+    def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"") -> None:
+        """Spawn in a new process group, output piped to a LogPump.
+
+        A remote process's argv is its `ssh` session: `session_setup` (secrets, the job file) goes down the
+        session's stdin, which then stays open for TERM/KILL lines.
+        """
+        argv = [a.replace(ATTEMPT, str(self.restarts)) for a in self.spec.argv]  # a fresh control socket per start
         self.popen = subprocess.Popen(
-            self.spec.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv, env=env, stdin=subprocess.PIPE if self.spec.remote else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        if self.spec.remote:
+            self._tell(session_setup)
         self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
         self.pump.start()
         self.state, self.exit_code, self.last_heartbeat = ProcState.STARTING, None, None
+        self.kill_sent_at = None
+
+    def _tell(self, data: bytes, close: bool = False) -> None:
+        """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
+        try:
+            self.popen.stdin.write(data)
+            self.popen.stdin.flush()
+            if close:
+                self.popen.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
 
     @property
     def pid(self) -> int | None:
@@ -97,17 +123,31 @@ class ProcessHandle:
         return self.popen.pid if self.popen else None
 
     def signal_group(self, sig: int) -> None:
-        """Signal the whole process group (torchrun's workers included)."""
-        if self.popen is not None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        """Signal the whole process group (torchrun's workers included); a remote one through its session."""
+        if self.popen is None:
+            return
+        if self.spec.remote and self.popen.poll() is None:
+            if sig == signal.SIGTERM:
+                self._tell(b"TERM\n")
+                return
+            if sig == signal.SIGKILL and self.kill_sent_at is None:
+                self.kill_sent_at = time.time()
+                self._tell(b"KILL\n", close=True)  # the remote side kills the group, then the session ends
+                return
+            if sig == signal.SIGKILL and time.time() - self.kill_sent_at < REMOTE_KILL_WAIT_S:
+                return
+            # A session that does not end by itself (a dead host): closing ours makes the remote side end its group.
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def group_alive(self) -> bool:
-        """True while any process of the group exists."""
+        """True while any process of the group exists (for a remote one: while its session lasts)."""
         if self.popen is None:
             return False
+        if self.spec.remote:
+            return self.popen.poll() is None
         self.popen.poll()  # reap the leader so a dead group is not kept alive by a zombie
         return group_alive(self.popen.pid)
 
@@ -118,7 +158,7 @@ class ProcessHandle:
             "name": self.spec.name, "role": self.spec.role, "rank": self.spec.rank, "host": self.spec.host,
             "pid": self.pid, "pgid": self.pid, "state": self.state.value, "restarts": self.restarts,
             "exit_code": self.exit_code, "rate": self.metrics.get(key), "rate_unit": unit,
-            "last_heartbeat": self.last_heartbeat,
+            "last_heartbeat": self.last_heartbeat, "remote": self.spec.remote,
         }
 
 
@@ -164,6 +204,9 @@ class Supervisor:
         self.control: zmq.Socket | None = None
         self.control_dropped = 0
         self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
+        self.job_text = rundir.job_toml.read_text() if any(p.remote for p in plan.processes) else ""
+        self.remote_hosts = [h for h in spec.hosts if not h.is_local]
+        self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -180,10 +223,24 @@ class Supervisor:
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
             "status": self.status, "supervisor_pid": os.getpid(), "started_at": self.started_at,
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
-            "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts],
+            "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [h.row() for h in self.handles], "metrics": metrics,
             "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
         }
+
+    def host_rows(self) -> list[dict]:
+        """Per host: its processes, how many run, restarts, sessions lost, and whether the host looks lost."""
+        rows = []
+        for host in self.plan.hosts:
+            mine = [h for h in self.handles if h.spec.host == host["name"]]
+            running = sum(h.state == ProcState.RUNNING for h in mine)
+            lost = not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine)
+            rows.append({"name": host["name"], "remote": not host["local"], "processes": len(mine), "running": running,
+                         "restarts": sum(h.restarts for h in mine), "lost_sessions": sum(h.lost_sessions for h in mine),
+                         "state": "lost" if lost else "ok" if running == len(mine) else "stopped" if all(
+                             h.state in (ProcState.STOPPED, ProcState.EXITED) for h in mine) else f"{running}/{len(mine)} up",
+                         "cleanup": self.remote_cleanup.get(host["name"])})
+        return rows
 
     def _publish(self) -> dict:
         state = self.state()
@@ -204,7 +261,7 @@ class Supervisor:
             self.status = "starting"
             self._publish()
             for h in self.handles:
-                h.start(self._child_env(h), self.rundir.logs_dir)
+                self._start(h)
             self.status = "running"
             self._loop(tb)
         finally:
@@ -246,9 +303,14 @@ class Supervisor:
                 self.status, self.exit_reason = "finished", reason
                 return
 
-    def _child_env(self, h: ProcessHandle) -> dict[str, str]:
-        # The keys go into the environment only, never onto a command line.
-        return {**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}
+    def _start(self, h: ProcessHandle) -> None:
+        """Start (or restart) one process; the keys go into its environment only, never onto a command line."""
+        if not h.spec.remote:
+            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}, self.rundir.logs_dir)
+            return
+        # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
+        setup = {"env": {wire.KEYS_ENV: self.keys.to_env()}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text}}
+        h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
     def _drain_control(self, timeout_ms: int) -> None:
         """Handle every control message that arrives within timeout_ms (malformed ones are counted)."""
@@ -264,8 +326,10 @@ class Supervisor:
         self.identities[msg.sender] = identity
         handle = self.by_name.get(msg.sender)
         if msg.sender.startswith("learner-"):
-            # Learner senders are named by torchrun rank; every rank belongs to the (single) learner node's row.
-            handle = next((h for h in self.handles if h.spec.role == "learner"), None)
+            # Learner senders are named by torchrun rank; rank r runs on node r // procs (static rendezvous).
+            rank = msg.sender.removeprefix("learner-")
+            node = int(rank) // self.spec.topology.learner_procs if rank.isdigit() else -1
+            handle = self.by_name.get(f"learner-{node}")
         if handle is None:
             return
         now = time.time()
@@ -291,14 +355,16 @@ class Supervisor:
             code = h.popen.poll()
             if code is None:
                 continue
-            h.exit_code = code
+            h.exit_code = h.last_exit = code
+            if h.spec.remote and code == SSH_FAILED:
+                h.lost_sessions += 1
             if h.pump:
                 h.pump.join(timeout=2)
             if not h.spec.critical and h.restarts < self.spec.topology.max_restarts:
                 h.restarts += 1
                 h.state = ProcState.RESTARTING
                 self.hub.on_restart(h.spec.name)
-                h.start(self._child_env(h), self.rundir.logs_dir)
+                self._start(h)
                 continue
             h.state = ProcState.FAILED
             why = "may not be restarted" if h.spec.critical else f"exceeded {self.spec.topology.max_restarts} restarts"
@@ -353,6 +419,16 @@ class Supervisor:
             if h.pump:
                 h.pump.join(timeout=2)
         self._drain_control(0)
+        if self.remote_hosts:
+            self._finish_remote()
+
+    def _finish_remote(self) -> None:
+        """Bring remote checkpoints home, then make sure nothing of the run is left on any remote host."""
+        writers = {p.host for p in self.plan.processes if p.remote and p.role in ("learner", "evaluator")}
+        fetched = pull_directory([h for h in self.remote_hosts if h.name in writers],
+                                 f"{remote_run_dir(self.plan.run_id)}/checkpoints", self.rundir.checkpoints_dir)
+        for name, result in sweep_hosts(self.remote_hosts, self.plan.run_id, kill=True).items():
+            self.remote_cleanup[name] = {**result, **({"checkpoints": fetched[name]} if name in fetched else {})}
 
     def _wait_gone(self, group: list[ProcessHandle], grace: float, term_after: float = -1.0) -> None:
         """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace."""

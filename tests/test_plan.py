@@ -355,8 +355,20 @@ def test_ssh_argv_for_remote_host(remote_spec):
         remote = shlex.split(argv[-1])
         assert remote[:4] == ["cd", "/srv/rl work", "&&", "exec"]
         assert remote[4] == "env"
-        assert remote[-3:] == ["/opt/venv/bin/python", "-m", "rlctl.roles.collector"]
-        assignments = dict(a.split("=", 1) for a in remote[5:-3])
+        # The role runs inside rlctl.remote, which ties its process group to the session.
+        py = remote.index("/opt/venv/bin/python")
+        assert remote[py:py + 5] == ["/opt/venv/bin/python", "-m", "rlctl.remote", "run", "--"]
+        assert remote[py + 5:] == ["/opt/venv/bin/python", "-m", "rlctl.roles.collector"]
+        assignments = dict(a.split("=", 1) for a in remote[5:py])
+        # Control messages travel over the session: a forwarded Unix socket, unique per process and start.
+        assert assignments["RLCTL_CONTROL"].startswith("ipc:///tmp/rlctl-") and "{attempt}" in assignments["RLCTL_CONTROL"]
+        control_port = int(plan_of(remote_spec).endpoints["control"].rsplit(":", 1)[1])
+        assert arg_after(argv, "-R") == f"{assignments['RLCTL_CONTROL'][len('ipc://'):]}:127.0.0.1:{control_port}"
+        assert "ExitOnForwardFailure=yes" in argv
+        # The job file arrives on stdin and is kept under the host's workdir.
+        assert assignments["RLCTL_JOB"] == f".rlctl/runs/{RUN_ID}/job.toml"
+        assert assignments["RLCTL_CHECKPOINT_DIR"] == f".rlctl/runs/{RUN_ID}/checkpoints"
+        assert x.remote
         assert assignments["RLCTL_ROLE"] == "collector"
         assert assignments["RLCTL_RANK"] == name.split("-")[1]
         assert assignments["RLCTL_HOST"] == "gpu-box"
@@ -376,7 +388,7 @@ def test_ssh_argv_minimal_host(remote_spec):
     assert argv[argv.index("--") - 1] == "cpu-box"
     remote = shlex.split(argv[-1])
     assert remote[:2] == ["exec", "env"]  # no workdir: no cd
-    assert remote[-3:] == ["python3", "-m", "rlctl.roles.collector"]
+    assert remote[-8:] == ["python3", "-m", "rlctl.remote", "run", "--", "python3", "-m", "rlctl.roles.collector"]
 
 
 def test_secret_never_on_any_command_line(remote_spec):
@@ -400,19 +412,6 @@ def test_remote_plan_is_pure(remote_spec):
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-
-
-def test_cli_run_refuses_remote_hosts(tmp_path):
-    job = tmp_path / "multi.toml"
-    job.write_text(REMOTE_JOB)
-    runs = tmp_path / "runs"
-    proc = rlctl("run", str(job), "--runs-dir", str(runs))
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    out = proc.stdout + proc.stderr
-    assert "Traceback" not in out
-    assert "gpu-box" in out and "cpu-box" in out
-    assert "remote" in out.lower() or "ssh" in out.lower()
-    assert not runs.exists() or not any(runs.iterdir()), "a run folder was created"
 
 
 def test_cli_plan_text(tmp_path):

@@ -89,6 +89,7 @@ base_port = 41000
 [[hosts]]
 name = "head"
 address = "localhost"
+advertise_address = "head.example"
 learner = true
 replay_shards = 2
 evaluator = true
@@ -182,6 +183,9 @@ BAD_CASES = {
                       "hosts[0].port", "less than or equal to 65535"),
     "host-env-not-str": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\nenv = { X = 1 }\n',
                          "hosts[0].env.X", "valid string"),
+    "local-server-unadvertised": (MINIMAL + '[[hosts]]\nname = "a"\naddress = "localhost"\nlearner = true\n'
+                                  'replay_shards = 1\n[[hosts]]\nname = "b"\ncollectors = 2\n',
+                                  "hosts[0].advertise_address", "remote hosts connect"),
     "hosts-not-array": (MINIMAL + '[hosts]\nname = "a"\n', "hosts", "valid list"),
     "toml-syntax": (MINIMAL + "[replay\nalpha = 0.5\n", "", "not valid TOML"),
     "toml-duplicate-key": (MINIMAL + "[replay]\nalpha = 0.5\nalpha = 0.6\n", "", "not valid TOML"),

@@ -37,9 +37,12 @@ class RoleContext:
         env = os.environ
         role = env["RLCTL_ROLE"]
         rank = int(env["RANK"]) if role == "learner" else int(env["RLCTL_RANK"])
+        endpoints = json.loads(env["RLCTL_ENDPOINTS"])
+        if env.get("RLCTL_CONTROL"):  # on a remote host: the SSH session's forward of the supervisor's socket
+            endpoints["control"] = env["RLCTL_CONTROL"]
         return cls(
             role=role, rank=rank, host=env.get("RLCTL_HOST", "localhost"), run_id=env["RLCTL_RUN_ID"],
-            job=load_job(env["RLCTL_JOB"]), endpoints=json.loads(env["RLCTL_ENDPOINTS"]),
+            job=load_job(env["RLCTL_JOB"]), endpoints=endpoints,
             checkpoint_dir=env.get("RLCTL_CHECKPOINT_DIR", ""), keys=wire.CurveKeys.from_env(),
             binds=json.loads(env.get("RLCTL_BINDS", "{}")),
             world_size=int(env.get("WORLD_SIZE", "1")), local_rank=int(env.get("LOCAL_RANK", "0")),

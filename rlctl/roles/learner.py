@@ -23,6 +23,7 @@ from rlctl.algos.apex import targets_from_q, td_loss
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import build_policy, flat_parameters, parameter_digest
+from rlctl.netif import pin_collective_interface
 from rlctl.roles import rollout_learner
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.spec import OFF_POLICY, resolved_dict
@@ -84,6 +85,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """The learner loop."""
     job, algo = rc.job, rc.job.algorithm
     device = learner_device(rc)
+    pin_collective_interface()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if algo.name not in OFF_POLICY:
         rollout_learner.run(rc, stop, device)

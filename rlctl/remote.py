@@ -1,0 +1,217 @@
+"""The remote side of rlctl's SSH sessions: `python -m rlctl.remote COMMAND` on a job's host.
+
+`run` ties a process group to its SSH session: it reads the session's setup
+(secrets, the job file) from the first line of stdin, so neither ever appears on
+a command line; starts the role in its own process group with stdout going
+straight back over the session; then obeys `TERM`/`KILL` lines on stdin, and
+ends the group when stdin closes (the session, or the supervisor, is gone).
+`check` reports what the launcher's preflight needs, `sweep` finds (and ends)
+whatever of a run is left on the host, and `pull` streams a directory back as
+tar. Imports nothing heavy: it must answer in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import rlctl
+
+# Seconds a group gets between SIGTERM and SIGKILL when its session closes.
+SESSION_LOST_GRACE_S = 5.0
+RUN_ID_ENV = "RLCTL_RUN_ID"
+
+
+def remote_run_dir(run_id: str) -> str:
+    """Where a run keeps its files on a remote host, relative to the host's working directory."""
+    return f".rlctl/runs/{run_id}"
+
+
+class TetheredGroup:
+    """A child process group whose life is bound to this process's stdin (the SSH session)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pgid = self.child.pid
+
+    def send_signal(self, sig: int) -> None:
+        """Signal every process of the group (torchrun's workers too)."""
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def alive(self) -> bool:
+        """True while any process of the group exists."""
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def end(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL whatever is left after `grace` seconds."""
+        self.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            self.child.poll()
+            time.sleep(0.05)
+        self.send_signal(signal.SIGKILL)
+
+    def obey(self, stream) -> None:
+        """Act on the session's control lines until it closes; a closed session ends the group."""
+        for line in iter(stream.readline, b""):
+            word = line.strip()
+            if word == b"TERM":
+                self.send_signal(signal.SIGTERM)
+            elif word == b"KILL":
+                self.send_signal(signal.SIGKILL)
+        self.end(SESSION_LOST_GRACE_S)
+
+
+def _write_files(files: dict) -> None:
+    for rel, text in files.items():
+        path = Path(rel)
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"refusing to write {rel!r} outside the working directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def command_run(argv: list[str]) -> int:
+    """Start argv tethered to this session; returns its exit status (128+N when a signal ended it)."""
+    try:
+        setup = json.loads(sys.stdin.buffer.readline() or b"null")
+        if not isinstance(setup, dict):
+            raise ValueError("no setup line on stdin")
+        _write_files(setup.get("files", {}))
+    except ValueError as exc:
+        print(f"rlctl.remote: bad session setup: {exc}", file=sys.stderr, flush=True)
+        return 2
+    group = TetheredGroup(argv, {**os.environ, **setup.get("env", {})})
+    # The session's own signals (sshd's SIGHUP, a local Ctrl-C) mean the same as a TERM line.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: group.send_signal(signal.SIGTERM))
+    threading.Thread(target=group.obey, args=(sys.stdin.buffer,), daemon=True).start()
+    code = group.child.wait()
+    # Workers outlive a crashed leader: the group ends with its leader.
+    group.end(SESSION_LOST_GRACE_S if code == 0 else 1.0)
+    control = os.environ.get("RLCTL_CONTROL", "")
+    if control.startswith("ipc://"):
+        Path(control[len("ipc://"):]).unlink(missing_ok=True)  # the forwarded control socket sshd made for us
+    return 128 - code if code < 0 else code
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def command_check(ports: list[int], bind: str) -> int:
+    """One JSON line of facts for the launcher's preflight: versions, torch, busy ports."""
+    print(json.dumps({
+        "rlctl": rlctl.__version__, "python": sys.version.split()[0], "executable": sys.executable,
+        "torch": importlib.util.find_spec("torch") is not None, "hostname": socket.gethostname(),
+        "busy": [p for p in ports if not _port_free(bind, p)],
+    }))
+    return 0
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Pids on this host whose environment names the run (every process rlctl started for it, workers included)."""
+    needle = f"{RUN_ID_ENV}={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def command_sweep(run_id: str, kill: bool) -> int:
+    """Report (and with kill, SIGKILL) the run's processes left on this host; one JSON line."""
+    left = run_processes(run_id)
+    killed = []
+    if kill and left:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and run_processes(run_id):
+            time.sleep(0.05)
+        left = run_processes(run_id)
+    print(json.dumps({"hostname": socket.gethostname(), "left": left, "killed": killed}))
+    return 0
+
+
+def command_pull(directory: str) -> int:
+    """Stream the regular files directly in `directory` to stdout as an uncompressed tar."""
+    root = Path(directory)
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+        for path in sorted(root.iterdir()) if root.is_dir() else []:
+            if path.is_file() and not path.name.startswith("."):
+                tar.add(str(path), arcname=path.name)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def main(args: list[str] | None = None) -> int:
+    """Entry point of `python -m rlctl.remote`."""
+    parser = argparse.ArgumentParser(prog="python -m rlctl.remote", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="start a command tethered to this session (setup JSON on stdin's first line)")
+    p_run.add_argument("argv", nargs=argparse.REMAINDER)
+    p_check = sub.add_parser("check", help="print versions and which of the given ports are busy")
+    p_check.add_argument("--ports", default="")
+    p_check.add_argument("--bind", default="0.0.0.0")
+    p_sweep = sub.add_parser("sweep", help="list (and with --kill end) a run's processes on this host")
+    p_sweep.add_argument("run_id")
+    p_sweep.add_argument("--kill", action="store_true")
+    p_pull = sub.add_parser("pull", help="write a directory's files to stdout as tar")
+    p_pull.add_argument("directory")
+    ns = parser.parse_args(args)
+    if ns.command == "run":
+        argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
+        if not argv:
+            parser.error("run needs a command")
+        code = command_run(argv)
+        # Exit at once: interpreter shutdown would wait on the stdin thread's lock (a fatal error in 3.11).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if ns.command == "check":
+        return command_check([int(p) for p in ns.ports.split(",") if p], ns.bind)
+    if ns.command == "sweep":
+        return command_sweep(ns.run_id, ns.kill)
+    return command_pull(ns.directory)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
