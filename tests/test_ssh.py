@@ -1,0 +1,257 @@
+"""Jobs spread over real SSH hosts: one sshd per host, each in its own network namespace (tests/hostlab.py).
+
+Every process of these jobs is started through `ssh`, inside `rlctl.remote` on its host; the learner binds on
+its host's address and collectors reach it over the lab's bridge, as on a LAN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, only_run, read_state, run_cli, wait_for
+from hostlab import HostLab
+
+CAP_S = 300
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """Four hosts for the whole module (starting them takes about a second)."""
+    with HostLab(tmp_path_factory.mktemp("lab"), 4).start() as lab:
+        yield lab
+
+
+def spread_job(lab: HostLab, tmp_path: Path, job: str, placement: dict[int, dict], name: str | None = None,
+               **replace: str) -> Path:
+    """A shipped job with its processes placed on lab hosts: {host index: {"learner": True, "collectors": 1, ...}}."""
+    text = (REPO / "jobs" / f"{job}.toml").read_text()
+    text = re.sub(r"(?m)^(collectors|evaluator|replay_shards) = .*\n", "", text)  # counts come from [[hosts]]
+    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
+    if name:
+        text = re.sub(r'(?m)^name = .*$', f'name = "{name}"', text, count=1)
+    for key, value in replace.items():
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert n == 1, key
+    for i, counts in placement.items():
+        workdir = tmp_path / f"host{i + 1}"
+        workdir.mkdir(exist_ok=True)
+        text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir), **counts)
+    path = tmp_path / f"{job}-spread.toml"
+    path.write_text(text)
+    return path
+
+
+def sweep(lab: HostLab, i: int, run_id: str) -> dict:
+    """What of the run is left on lab host i, asked on that host itself."""
+    proc = lab.run(lab.hosts[i], f"{sys.executable} -m rlctl.remote sweep {run_id}")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_processes_anywhere(marker: str) -> list[int]:
+    """Pids on this machine whose environment has RLCTL_RUN_ID starting with `marker` (the hosts share /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(f"RLCTL_RUN_ID={marker}".encode()) for v in env):
+                found.append(int(entry))
+    return found
+
+
+def finished_state(runs: Path) -> tuple[dict, Path]:
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
+    assert state["status"] == "finished", state.get("exit_reason")
+    return state, run_dir
+
+
+# ---------------------------------------------------------------------------------------------- jobs that learn
+
+
+def test_ppo_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 1}})
+    runs = tmp_path / "runs"
+    out = run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    assert "3 remote hosts checked" in out.stderr
+    state, run_dir = finished_state(runs)
+    assert float(state["exit_reason"].split()[1]) >= 475
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert all(p["argv"][0] == "ssh" and p["remote"] for p in plan["processes"])
+    where = {p["name"]: p["host"] for p in state["processes"]}
+    assert where == {"learner-0": "h1", "collector-0": "h2", "collector-1": "h3"}
+    # The learner bound on h1's own address (only h1's namespace has it) and the collectors reached it there.
+    assert plan["endpoints"]["rollouts"] == [f"tcp://{lab.hosts[0].address}:{plan['endpoints']['rollouts'][0].rsplit(':', 1)[1]}"]
+    # Every host's output came back over its session into the local run directory.
+    for name in ("learner-0", "collector-0", "collector-1"):
+        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0, name
+    assert "first env step" in (run_dir / "logs" / "collector-1.log").read_text()
+    lines = run_cli(["logs", run_dir.name, "--runs-dir", str(runs)]).stdout
+    assert "learner-0" in lines and "collector-1" in lines
+    status = json.loads(run_cli(["status", run_dir.name, "--json", "--runs-dir", str(runs)]).stdout)
+    assert {p["name"]: p["host"] for p in status["processes"]} == where
+    # The learner's checkpoint was written on h1 and brought home at the end; nothing of the run is left anywhere.
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    rows = {r["name"]: r for r in state["host_rows"]}
+    assert rows["h1"]["cleanup"]["checkpoints"] == ["latest.pt"]
+    assert all(rows[h]["cleanup"]["left"] == [] for h in ("h1", "h2", "h3"))
+    for i in range(3):
+        assert sweep(lab, i, run_dir.name)["left"] == []
+    res = json.loads(run_cli(["eval", run_dir.name, "--json", "--runs-dir", str(runs)], timeout=120).stdout)
+    assert res["return_mean"] > 200, res
+
+
+def test_apex_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
+    job = spread_job(lab, tmp_path, "apex", {0: {"learner": True, "replay_shards": 1, "evaluator": True},
+                                             1: {"collectors": 1}, 2: {"collectors": 1}})
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    state, run_dir = finished_state(runs)
+    assert state["exit_reason"].startswith("eval/return_mean") and state["metrics"]["eval/return_mean"] >= 475
+    assert {p["name"]: p["host"] for p in state["processes"]} == {
+        "replay-0": "h1", "learner-0": "h1", "evaluator-0": "h1", "collector-0": "h2", "collector-1": "h3"}
+    assert state["metrics"]["replay/size"] > 0
+    # best.pt (the evaluator's) and latest.pt (the learner's) were both written on h1 and fetched.
+    assert {"best.pt", "latest.pt"} <= {p.name for p in (run_dir / "checkpoints").iterdir()}
+    res = json.loads(run_cli(["eval", run_dir.name, "--json", "--runs-dir", str(runs)], timeout=120).stdout)
+    assert res["return_mean"] >= 400, res
+
+
+def test_two_learner_nodes_train_in_lockstep_over_ddp(lab, tmp_path):
+    """Two hosts, one torchrun node each, DDP (gloo) across them: identical parameters after every round."""
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"learner": True, "collectors": 1}},
+                     train_return="1000.0")
+    text = job.read_text().replace("[job.stop]\n", "[job.stop]\nenv_steps = 12000\n")
+    job.write_text(text)
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    state, run_dir = finished_state(runs)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    learners = [p for p in plan["processes"] if p["role"] == "learner"]
+    assert [p["host"] for p in learners] == ["h1", "h2"]
+    for node, p in enumerate(learners):
+        remote = p["argv"][-1]
+        assert "--nnodes 2" in remote and f"--node-rank {node}" in remote
+        assert f"--rdzv-endpoint {lab.hosts[0].address}:" in remote
+    ranks = state["learner_ranks"]
+    assert set(ranks) == {"0", "1"}, ranks
+    r0, r1 = ranks["0"], ranks["1"]
+    assert r0["learner/final"] == 1 and r1["learner/final"] == 1
+    assert r0["learner/updates"] == r1["learner/updates"] > 0
+    assert r0["learner/digest_chain"] == r1["learner/digest_chain"]
+    assert r0["learner/param_digest"] == r1["learner/param_digest"]
+    # Rank r's rollouts went to its own node's address.
+    assert [ep.split("//")[1].rsplit(":", 1)[0] for ep in plan["endpoints"]["rollouts"]] == [
+        lab.hosts[0].address, lab.hosts[1].address]
+
+
+# ---------------------------------------------------------------------------------------------- stop, secrets
+
+
+def _detached_spread_run(lab, tmp_path, name: str) -> tuple[Path, str]:
+    job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 1}},
+                     name=name, train_return="1000.0")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir = runs / run_id
+    wait_for(lambda: (st := read_state(run_dir)).get("processes")
+             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    return runs, run_id
+
+
+def test_secret_never_on_a_command_line_and_stop_leaves_nothing_on_any_host(lab, tmp_path):
+    runs, run_id = _detached_spread_run(lab, tmp_path, "ssh-stop")
+    pids = run_processes_anywhere(run_id)
+    assert len(pids) >= 6  # at least a wrapper and a role per process (torchrun adds its worker)
+    secrets = set()
+    for pid in pids:
+        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            if var.startswith(b"RLCTL_CURVE_KEYS="):
+                secrets.update(var.split(b"=", 1)[1].split(b","))
+    assert len(secrets) == 4, "the role processes got the job's keys"
+    seen = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            seen += 1
+            assert b"RLCTL_CURVE_KEYS" not in cmdline, cmdline
+            assert not any(s in cmdline for s in secrets), cmdline
+    assert seen > 20
+    out = run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
+    assert "stopped" in out.stdout
+    for h in ("h1", "h2", "h3"):
+        assert f"host {h}: nothing of the run left" in out.stdout, out.stdout
+    for i in range(3):
+        assert sweep(lab, i, run_id)["left"] == []
+    assert run_processes_anywhere(run_id) == []
+    state = read_state(runs / run_id)
+    assert state["status"] == "stopped"
+    assert (runs / run_id / "checkpoints" / "latest.pt").is_file()  # the final checkpoint came home
+
+
+def test_ctrl_c_leaves_nothing_on_any_host(lab, tmp_path):
+    job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 1}},
+                     name="ssh-ctrlc", train_return="1000.0")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = wait_for(lambda: next(iter(runs.iterdir()), None) if runs.exists() else None, 30, what="run dir")
+    wait_for(lambda: (st := read_state(run_dir)).get("processes")
+             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert read_state(run_dir)["status"] == "stopped"
+    for i in range(3):
+        assert sweep(lab, i, run_dir.name)["left"] == []
+    assert run_processes_anywhere(run_dir.name) == []
+
+
+# ---------------------------------------------------------------------------------------------- hosts that fail the check
+
+
+def _bad_host_job(lab, tmp_path, **bad) -> Path:
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True}, 1: {"collectors": 1}}, name="ssh-fault")
+    extra = lab.host_toml(lab.hosts[2], bad.pop("python", sys.executable), str(tmp_path), collectors=1)
+    extra = extra.replace('name = "h3"', 'name = "bad-host"')
+    for key, value in bad.items():
+        extra = re.sub(rf"(?m)^{key} = .*$", f"{key} = {json.dumps(value)}", extra)
+    job.write_text(job.read_text() + "\n" + extra)
+    return job
+
+
+@pytest.mark.parametrize("fault", ["unreachable", "no-rlctl", "wrong-key"])
+def test_unfit_host_fails_fast_naming_it_and_starts_nothing(lab, tmp_path, fault):
+    address, port = lab.unreachable_address()
+    bad = {"unreachable": {"address": address, "port": port},
+           "no-rlctl": {"python": "/usr/bin/python3"},
+           "wrong-key": {"identity_file": str(lab.wrong_identity_file)}}[fault]
+    job = _bad_host_job(lab, tmp_path, **bad)
+    runs = tmp_path / "runs"
+    started = time.time()
+    proc = run_cli(["run", str(job), "--runs-dir", str(runs)], expected_exit=1, timeout=60)
+    assert time.time() - started < 20
+    err = proc.stderr
+    assert "Traceback" not in err
+    assert "host bad-host" in err and "nothing was started" in err, err
+    assert "host h1" not in err and "host h2" not in err, err  # the fit hosts are not blamed
+    expected = {"unreachable": "Connection refused", "no-rlctl": "rlctl is not installed",
+                "wrong-key": "Permission denied"}[fault]
+    assert expected in err, err
+    assert not runs.exists() or not any(runs.iterdir())
+    assert run_processes_anywhere("ssh-fault") == []
