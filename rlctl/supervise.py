@@ -28,7 +28,7 @@ from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter
 from rlctl.plan import LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_run_dir
 from rlctl.rundir import RunDir, group_alive
-from rlctl.spec import JobSpec, load_job, resolved_dict
+from rlctl.spec import SYNCHRONOUS, JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
@@ -52,6 +52,7 @@ class ProcState(str, enum.Enum):
     EXITED = "exited"
     FAILED = "failed"
     STOPPED = "stopped"
+    LOST = "lost"  # a collector whose host stopped answering SSH; the run goes on without it
 
 
 class LogPump(threading.Thread):
@@ -350,7 +351,7 @@ class Supervisor:
     def _check_children(self) -> bool:
         """Reap exited children; restart or fail. True when the run must end."""
         for h in self.handles:
-            if h.popen is None or h.state in (ProcState.FAILED, ProcState.EXITED, ProcState.STOPPED):
+            if h.popen is None or h.state in (ProcState.FAILED, ProcState.EXITED, ProcState.STOPPED, ProcState.LOST):
                 continue
             code = h.popen.poll()
             if code is None:
@@ -366,6 +367,9 @@ class Supervisor:
                 self.hub.on_restart(h.spec.name)
                 self._start(h)
                 continue
+            if self._can_lose(h):
+                h.state, h.metrics = ProcState.LOST, {}
+                continue
             h.state = ProcState.FAILED
             why = "may not be restarted" if h.spec.critical else f"exceeded {self.spec.topology.max_restarts} restarts"
             self.status = "failed"
@@ -374,6 +378,14 @@ class Supervisor:
                             "log_tail": list(h.pump.tail) if h.pump else []}
             return True
         return False
+
+    def _can_lose(self, h: ProcessHandle) -> bool:
+        """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
+        remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
+        others = [o for o in self.handles if o.spec.role == "collector" and o is not h]
+        return (h.spec.role == "collector" and h.spec.remote and h.last_exit == SSH_FAILED
+                and self.spec.algorithm.name not in SYNCHRONOUS
+                and any(o.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
     def _write_tb(self, tb: TensorBoardWriter) -> None:
         snap = self.hub.snapshot()
@@ -414,7 +426,9 @@ class Supervisor:
                     h.popen.wait()
                 if h.exit_code is None:
                     h.exit_code = h.popen.returncode
-                if h.state not in (ProcState.FAILED,):
+                if h.state != ProcState.LOST:
+                    h.last_exit = h.popen.returncode
+                if h.state not in (ProcState.FAILED, ProcState.LOST):
                     h.state = ProcState.STOPPED
             if h.pump:
                 h.pump.join(timeout=2)

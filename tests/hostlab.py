@@ -254,6 +254,12 @@ class HostLab:
         if self.bridge:
             _ip("link", "del", self.bridge, check=False)
 
+    def take_down(self, host: LabHost) -> None:
+        """Lose a host as a crashed machine is lost: its sshd and everything running on it die at once (netns only)."""
+        if not host.netns:
+            raise RuntimeError("take_down needs network namespaces: a loopback host shares its processes")
+        _kill(_netns_pids(host.netns))
+
     def __enter__(self) -> "HostLab":
         """Start the lab (if not started yet) and return it."""
         return self.start()

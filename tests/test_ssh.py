@@ -255,3 +255,68 @@ def test_unfit_host_fails_fast_naming_it_and_starts_nothing(lab, tmp_path, fault
     assert expected in err, err
     assert not runs.exists() or not any(runs.iterdir())
     assert run_processes_anywhere("ssh-fault") == []
+
+
+# ---------------------------------------------------------------------------------------------- restarts, lost hosts
+
+
+def _role_pid(run_id: str, role: str, rank: int) -> int | None:
+    """The role process itself (not its rlctl.remote wrapper) of one process of the run."""
+    for pid in run_processes_anywhere(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if (f"RLCTL_ROLE={role}".encode() in env and f"RLCTL_RANK={rank}".encode() in env
+                and f"rlctl.roles.{role}".encode() in cmdline and b"rlctl.remote" not in cmdline):
+            return pid
+    return None
+
+
+def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
+    """A killed remote collector is restarted over a new session; a host that dies is reported lost and the
+    (asynchronous) run goes on with the collectors it still has. Uses h4, which no other test needs."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 3: {"collectors": 1}},
+                     name="ssh-lost", train_return="1000.0")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmax_restarts = 1\n"))
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir = runs / run_id
+
+    def host(name: str) -> dict:
+        return next(r for r in read_state(run_dir).get("host_rows", []) if r["name"] == name)
+
+    wait_for(lambda: (st := read_state(run_dir)).get("processes")
+             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    os.kill(_role_pid(run_id, "collector", 0), signal.SIGKILL)
+    wait_for(lambda: host("h2")["restarts"] == 1 and host("h2")["state"] == "ok", 60, what="h2's collector restarted")
+    assert host("h2")["lost_sessions"] == 0
+
+    lab.take_down(lab.hosts[3])
+    wait_for(lambda: host("h4")["state"] == "lost", 60, what="h4 reported lost")
+    state = read_state(run_dir)
+    assert state["status"] == "running", state.get("exit_reason")
+    row = host("h4")
+    assert row["lost_sessions"] >= 1 and row["restarts"] == 1
+    assert {p["name"]: p["state"] for p in state["processes"]}["collector-1"] == "lost"
+    steps = state["metrics"]["charts/env_steps"]
+    wait_for(lambda: read_state(run_dir)["metrics"]["charts/env_steps"] > steps + 2000, 60,
+             what="training going on with h2's collector")
+
+    from rich.console import Console
+
+    from rlctl.console import live_renderable
+
+    console = Console(record=True, width=160)
+    console.print(live_renderable(read_state(run_dir)))
+    table = console.export_text()
+    assert re.search(r"h4\s+ssh\s+lost\s+0/1", table), table
+    assert re.search(r"h2\s+ssh\s+ok\s+1/1\s+1\s+0", table), table
+
+    out = run_cli(["stop", run_id, "--runs-dir", str(runs)], expected_exit=1, timeout=120)
+    assert "host h4: could not check" in out.stderr, out.stderr
+    assert "host h1: nothing of the run left" in out.stdout and "host h2: nothing of the run left" in out.stdout
+    assert read_state(run_dir)["status"] == "stopped"
