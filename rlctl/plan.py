@@ -147,7 +147,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
     # Rollout algorithms: one PULL socket per learner rank; collector c sends to rank c % ranks.
     learner_nodes = [h for h in hosts if h.learner]
     rollout_ports = [] if spec.algorithm.name in OFF_POLICY else [next(port) for _ in range(spec.learner_ranks)]
-    procs_per_node = spec.topology.learner_procs
+    node_procs = spec.learner_node_procs
     # The supervisor's control socket lives on the launching machine.
     endpoints: dict[str, object] = {
         "control": f"tcp://127.0.0.1:{control_port}",
@@ -156,7 +156,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
         "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
     }
     if rollout_ports:
-        endpoints["rollouts"] = [f"tcp://{addr(learner_nodes[r // procs_per_node])}:{p}"
+        endpoints["rollouts"] = [f"tcp://{addr(learner_nodes[spec.learner_node_of(r)])}:{p}"
                                  for r, p in enumerate(rollout_ports)]
     base_env = {
         "RLCTL_RUN_ID": run_id,
@@ -188,16 +188,17 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
         add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
             {"experience": r["bind_experience"], "sample": r["bind_sample"]})
     for node, h in enumerate(learner_nodes):
-        # Static rendezvous: ranks are node_rank * procs + local_rank, so the plan knows which node holds each rank
-        # (rank 0 binds the weights port, rank r its rollout port) before anything starts.
+        # Static rendezvous: ranks are numbered node after node in node-rank order, so the plan knows which node
+        # holds each rank (rank 0 binds the weights port, rank r its rollout port) before anything starts.
         argv = ["{python}", "-m", "torch.distributed.run",
-                "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(procs_per_node),
+                "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(node_procs[node]),
                 "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
                 "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
                  "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}
-        for rank in range(node * procs_per_node, (node + 1) * procs_per_node) if rollout_ports else ():
+        first = sum(node_procs[:node])
+        for rank in range(first, first + node_procs[node]) if rollout_ports else ():
             binds[f"rollouts-{rank}"] = f"tcp://{_bind(h, all_local)}:{rollout_ports[rank]}"
         add("learner", node, h, argv, binds)
     evaluators = [h for h in hosts if h.evaluator]

@@ -263,7 +263,7 @@ class TopologySpec(Section):
     """How many of each process run (used when no `[[hosts]]` are listed)."""
 
     learner_procs: Annotated[int, Field(ge=1, le=1024)] = 1
-    """Learner processes (torchrun `--nproc-per-node`) on each learner host."""
+    """Learner processes (torchrun `--nproc-per-node`) on each learner host (a host's own `learner_procs` wins)."""
     collectors: Annotated[int, Field(ge=0, le=100_000)] = 2
     """Collector processes."""
     replay_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
@@ -329,7 +329,9 @@ class HostSpec(Section):
     advertise_address: str | None = None
     """Address the other hosts reach this one at; default the destination."""
     learner: bool = False
-    """Run a learner node (`topology.learner_procs` processes) here; the first such host is the head (rank 0)."""
+    """Run a learner node here (a torchrun node); the first such host is the head (rank 0)."""
+    learner_procs: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Learner processes on this node (torchrun `--nproc-per-node`); default `topology.learner_procs`."""
     collectors: Annotated[int, Field(ge=0, le=100_000)] = 0
     """Collector processes here."""
     replay_shards: Annotated[int, Field(ge=0, le=100_000)] = 0
@@ -393,6 +395,9 @@ class JobSpec(Section):
             raise ValueError("hosts: at most one host may have evaluator = true")
         if self.algorithm.name in OFF_POLICY and sum(h.replay_shards for h in self.hosts) == 0:
             raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
+        for i, h in enumerate(self.hosts):
+            if h.learner_procs is not None and not h.learner:
+                raise ValueError(f"hosts[{i}].learner_procs: {h.name!r} runs no learner (set learner = true)")
         if not all(h.is_local for h in self.hosts):
             # Remote hosts connect to this machine's servers, so "localhost" is not an address they can use.
             for i, h in enumerate(self.hosts):
@@ -402,10 +407,25 @@ class JobSpec(Section):
         return self
 
     @property
+    def learner_node_procs(self) -> list[int]:
+        """Learner processes of each learner node, head first (ranks are numbered node after node)."""
+        if not self.hosts:
+            return [self.topology.learner_procs]
+        return [h.learner_procs or self.topology.learner_procs for h in self.hosts if h.learner]
+
+    @property
     def learner_ranks(self) -> int:
         """Total learner processes (DDP world size)."""
-        nodes = sum(h.learner for h in self.hosts) if self.hosts else 1
-        return nodes * self.topology.learner_procs
+        return sum(self.learner_node_procs)
+
+    def learner_node_of(self, rank: int) -> int:
+        """The learner node that runs global rank `rank` (torchrun numbers ranks node after node)."""
+        first = 0
+        for node, procs in enumerate(self.learner_node_procs):
+            if rank < first + procs:
+                return node
+            first += procs
+        raise ValueError(f"rank {rank} is outside the job's {self.learner_ranks} learner ranks")
 
     @property
     def replay_shard_count(self) -> int:

@@ -230,16 +230,22 @@ class Supervisor:
         }
 
     def host_rows(self) -> list[dict]:
-        """Per host: its processes, how many run, restarts, sessions lost, and whether the host looks lost."""
+        """Per host: its processes, how many run, restarts, sessions lost, and its state (ok, lost, stopped, k/n up)."""
         rows = []
         for host in self.plan.hosts:
             mine = [h for h in self.handles if h.spec.host == host["name"]]
             running = sum(h.state == ProcState.RUNNING for h in mine)
-            lost = not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine)
-            rows.append({"name": host["name"], "remote": not host["local"], "processes": len(mine), "running": running,
-                         "restarts": sum(h.restarts for h in mine), "lost_sessions": sum(h.lost_sessions for h in mine),
-                         "state": "lost" if lost else "ok" if running == len(mine) else "stopped" if all(
-                             h.state in (ProcState.STOPPED, ProcState.EXITED) for h in mine) else f"{running}/{len(mine)} up",
+            if not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine):
+                state = "lost"
+            elif running == len(mine):
+                state = "ok"
+            elif all(h.state in (ProcState.STOPPED, ProcState.EXITED) for h in mine):
+                state = "stopped"
+            else:
+                state = f"{running}/{len(mine)} up"
+            rows.append({"name": host["name"], "remote": not host["local"], "state": state, "processes": len(mine),
+                         "running": running, "restarts": sum(h.restarts for h in mine),
+                         "lost_sessions": sum(h.lost_sessions for h in mine),
                          "cleanup": self.remote_cleanup.get(host["name"])})
         return rows
 
@@ -327,9 +333,9 @@ class Supervisor:
         self.identities[msg.sender] = identity
         handle = self.by_name.get(msg.sender)
         if msg.sender.startswith("learner-"):
-            # Learner senders are named by torchrun rank; rank r runs on node r // procs (static rendezvous).
+            # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
             rank = msg.sender.removeprefix("learner-")
-            node = int(rank) // self.spec.topology.learner_procs if rank.isdigit() else -1
+            node = self.spec.learner_node_of(int(rank)) if rank.isdigit() and int(rank) < self.spec.learner_ranks else -1
             handle = self.by_name.get(f"learner-{node}")
         if handle is None:
             return

@@ -24,7 +24,7 @@ from rlctl.plan import (
     placement,
     ports_needed,
 )
-from rlctl.spec import JobSpec, load_job, validate_job
+from rlctl.spec import JobFileError, JobSpec, load_job, validate_job
 
 REPO = Path(__file__).resolve().parents[1]
 APEX = REPO / "jobs" / "apex.toml"
@@ -405,6 +405,34 @@ def test_launcher_selection(remote_spec):
     assert kinds == {"head": False, "gpu-box": True, "cpu-box": True}
     host = remote_spec.hosts[1]
     assert SSHLauncher().ssh_prefix(host)[-1] == "10.0.0.5"
+
+
+def test_learner_nodes_with_their_own_process_counts(tmp_path):
+    """Ranks are numbered node after node (torchrun's static rendezvous), each node with its own learner_procs."""
+    text = REMOTE_JOB.replace("replay_shards = 2\nevaluator = true", "replay_shards = 2\nevaluator = true\nlearner_procs = 1")
+    text = text.replace('name = "cpu-box"\n', 'name = "cpu-box"\nlearner = true\nlearner_procs = 3\n')
+    text = text.replace('name = "apex"', 'name = "appo"').replace("replay_shards = 2\n", "")
+    path = tmp_path / "nodes.toml"
+    path.write_text(text)
+    spec = load_job(path)
+    assert spec.learner_node_procs == [1, 3] and spec.learner_ranks == 4
+    assert [spec.learner_node_of(r) for r in range(4)] == [0, 1, 1, 1]
+    p = plan_of(spec)
+    head, second = (x for x in p.processes if x.role == "learner")
+    assert (head.host, second.host) == ("head", "cpu-box")
+    assert arg_after(head.argv, "--nproc-per-node") == "1" and arg_after(head.argv, "--nnodes") == "2"
+    remote = shlex.split(second.argv[-1])
+    assert arg_after(remote, "--nproc-per-node") == "3" and arg_after(remote, "--node-rank") == "1"
+    assert arg_after(remote, "--rdzv-backend") == "static"
+    assert arg_after(remote, "--rdzv-endpoint") == p.endpoints["rendezvous"]
+    assert sorted(head.binds) == ["rendezvous", "rollouts-0", "weights"]
+    assert sorted(k for k in second.binds if k.startswith("rollouts-")) == ["rollouts-1", "rollouts-2", "rollouts-3"]
+    hosts = [ep.split("//")[1].rsplit(":", 1)[0] for ep in p.endpoints["rollouts"]]
+    assert hosts == ["192.168.1.10", "cpu-box", "cpu-box", "cpu-box"]
+    bad = text.replace('name = "gpu-box"\n', 'name = "gpu-box"\nlearner_procs = 2\n')
+    path.write_text(bad)
+    with pytest.raises(JobFileError, match="hosts\\[1\\].learner_procs"):
+        load_job(path)
 
 
 def test_remote_plan_is_pure(remote_spec):
