@@ -107,7 +107,8 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
 
     spec = _load(job_file)
     run_id = new_run_id(spec.job.name)
-    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python())
+    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python(),
+                  addresses=_host_addresses(spec))
     if as_json:
         print_json(p.to_dict())
         return
@@ -137,12 +138,13 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
 
     spec = _load(job_file)
     base_port = choose_base_port(spec)
+    addresses = _host_addresses(spec)
     if any(not h.is_local for h in spec.hosts):
-        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python()))
+        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses))
     root = runs_root(runs_dir).resolve()
     rundir = RunDir.create(root, spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
-    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python())
+    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses)
     rundir.plan_json.write_text(p.to_json())
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
@@ -156,6 +158,13 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
+
+
+def _host_addresses(spec) -> dict[str, str]:
+    """Where remote hosts without an advertise_address are reached: what their SSH destinations resolve to."""
+    from rlctl.hosts import ssh_hostnames
+
+    return ssh_hostnames([h for h in spec.hosts if not h.is_local and not h.advertise_address])
 
 
 def _preflight(spec, plan) -> None:

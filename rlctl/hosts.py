@@ -92,6 +92,26 @@ def launcher_for(host: HostSpec) -> LocalLauncher | SSHLauncher:
     return LAUNCHERS["local" if host.is_local else "ssh"]
 
 
+def ssh_hostnames(hosts: list[HostSpec]) -> dict[str, str]:
+    """The host name ssh connects to for each host's destination (`~/.ssh/config` aliases resolved, by `ssh -G`,
+    which reads the configuration only and contacts nobody); the destination itself where ssh cannot say."""
+    ssh = SSHLauncher()
+
+    def one(h: HostSpec) -> str:
+        prefix = ssh.ssh_prefix(h)
+        try:
+            out = subprocess.run([prefix[0], "-G", *prefix[1:]], stdin=subprocess.DEVNULL, capture_output=True,
+                                 text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return h.destination
+        return next((ln.split(None, 1)[1] for ln in out.splitlines() if ln.startswith("hostname ")), h.destination)
+
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts)))
+
+
 def on_hosts(hosts: list[HostSpec], args, timeout: float = 30.0) -> dict[str, subprocess.CompletedProcess]:
     """Run `python -m rlctl.remote ARGS` on every host at once; host name -> finished ssh process.
 

@@ -122,9 +122,13 @@ def placement(spec: JobSpec) -> list[HostSpec]:
     })]
 
 
-def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
-              python: str | None = None, keys_env: str = SECRET_MASK) -> LaunchPlan:
-    """Render the launch plan. Pure: the same inputs give the same plan."""
+def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
+              keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None) -> LaunchPlan:
+    """Render the launch plan. Pure: the same inputs give the same plan.
+
+    `addresses` (host name -> address) says where hosts without an `advertise_address` are reached, e.g. what
+    their SSH destinations resolve to (`hosts.ssh_hostnames`); default: the destination itself.
+    """
     hosts = placement(spec)
     all_local = all(h.is_local for h in hosts)
     bind_host = "127.0.0.1" if all_local else "0.0.0.0"
@@ -132,7 +136,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int,
     def addr(h: HostSpec) -> str:
         if all_local:
             return "127.0.0.1"
-        return h.advertise_address or h.destination
+        return h.advertise_address or (addresses or {}).get(h.name) or h.destination
 
     head = next(h for h in hosts if h.learner)
     shards = [h for h in hosts for _ in range(h.replay_shards)]

@@ -472,7 +472,10 @@ def supervise_rundir(path: str, display=None) -> int:
     rundir = RunDir(Path(path))
     spec = load_job(rundir.job_toml)
     saved = rundir.read_plan() or {}
-    plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable)
+    # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
+    addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}
+    plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
+                     addresses=addresses)
     return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display).run()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.hosts import SECRET_ENV, SSHLauncher, launcher_for
+from rlctl.hosts import SECRET_ENV, SSHLauncher, launcher_for, ssh_hostnames
 from rlctl.plan import (
     CRITICAL_ROLES,
     SECRET_MASK,
@@ -433,6 +433,21 @@ def test_learner_nodes_with_their_own_process_counts(tmp_path):
     path.write_text(bad)
     with pytest.raises(JobFileError, match="hosts\\[1\\].learner_procs"):
         load_job(path)
+
+
+def test_hosts_are_reached_where_their_ssh_destination_resolves(tmp_path):
+    """Without advertise_address a host is reached at the host name ssh would connect to (`ssh -G`: aliases and
+    HostName options resolved from the configuration, nothing contacted)."""
+    text = REMOTE_JOB.replace('name = "cpu-box"\n', 'name = "cpu-box"\nssh_options = { HostName = "cpu-7.example" }\n'
+                              'replay_shards = 1\n')
+    path = tmp_path / "alias.toml"
+    path.write_text(text)
+    spec = load_job(path)
+    addresses = ssh_hostnames([h for h in spec.hosts if not h.is_local])
+    assert addresses == {"gpu-box": "10.0.0.5", "cpu-box": "cpu-7.example"}
+    p = make_plan(spec, RUN_ID, RUN_DIR, BASE, python=PY, addresses=addresses)
+    assert p.endpoints["replay"][-1]["experience"].startswith("tcp://cpu-7.example:")
+    assert {h["name"]: h["address"] for h in p.hosts}["cpu-box"] == "cpu-7.example"
 
 
 def test_remote_plan_is_pure(remote_spec):
