@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -102,6 +103,8 @@ def command_run(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"rlctl.remote: bad session setup: {exc}", file=sys.stderr, flush=True)
         return 2
+    # The first line also tells the supervisor that this session is past its login.
+    print(f"rlctl.remote: on {socket.gethostname()}: {shlex.join(argv)}", flush=True)
     group = TetheredGroup(argv, {**os.environ, **setup.get("env", {})})
     # The session's own signals (sshd's SIGHUP, a local Ctrl-C) mean the same as a TERM line.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):

@@ -33,6 +33,8 @@ from rlctl.spec import SYNCHRONOUS, JobSpec, load_job, resolved_dict
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
 SSH_FAILED = 255
+SESSIONS_OPENING_PER_HOST = 8
+SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds back the host's next ones
 STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
@@ -62,16 +64,19 @@ class LogPump(threading.Thread):
         super().__init__(daemon=True)
         self.stream, self.path = stream, path
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.spoke = threading.Event()  # the first line (or the end) arrived: an SSH session is past its login
 
     def run(self) -> None:
         with open(self.path, "a", encoding="utf-8") as out:
             for raw in iter(self.stream.readline, b""):
+                self.spoke.set()
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 self.tail.append(line)
                 now = time.time()
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
                 out.write(f"{stamp} {line}\n")
                 out.flush()
+        self.spoke.set()
 
 
 @dataclass
@@ -87,6 +92,7 @@ class ProcessHandle:
     last_heartbeat: float | None = None
     metrics: dict = field(default_factory=dict)
     kill_sent_at: float | None = None  # remote: when KILL went down the session
+    started_at: float = 0.0
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
     last_exit: int | None = None  # exit code of the previous start, kept across restarts
 
@@ -106,7 +112,7 @@ class ProcessHandle:
         self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
         self.pump.start()
         self.state, self.exit_code, self.last_heartbeat = ProcState.STARTING, None, None
-        self.kill_sent_at = None
+        self.kill_sent_at, self.started_at = None, time.time()
 
     def _tell(self, data: bytes, close: bool = False) -> None:
         """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
@@ -267,8 +273,7 @@ class Supervisor:
             self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
             self.status = "starting"
             self._publish()
-            for h in self.handles:
-                self._start(h)
+            self._start_all()
             self.status = "running"
             self._loop(tb)
         finally:
@@ -309,6 +314,28 @@ class Supervisor:
             if reason:
                 self.status, self.exit_reason = "finished", reason
                 return
+
+    def _start_all(self) -> None:
+        """Start every process at once, except that at most SESSIONS_OPENING_PER_HOST SSH sessions to one host are
+        logging in at a time: sshd's default MaxStartups (10:30:100) drops connections beyond 10 unauthenticated."""
+        waiting: dict[str, deque[ProcessHandle]] = {}
+        for h in self.handles:
+            if h.spec.remote:
+                waiting.setdefault(h.spec.host, deque()).append(h)
+            else:
+                self._start(h)
+        opening: dict[str, list[ProcessHandle]] = {host: [] for host in waiting}
+        while any(waiting.values()) and not self.stop_signals:
+            for host, queue in waiting.items():
+                now = time.time()
+                opening[host] = [h for h in opening[host] if not h.pump.spoke.is_set() and h.popen.poll() is None
+                                 and now - h.started_at < SESSION_LOGIN_TIMEOUT_S]
+                while queue and len(opening[host]) < SESSIONS_OPENING_PER_HOST:
+                    h = queue.popleft()
+                    self._start(h)
+                    opening[host].append(h)
+            if any(waiting.values()):
+                self._drain_control(20)
 
     def _start(self, h: ProcessHandle) -> None:
         """Start (or restart) one process; the keys go into its environment only, never onto a command line."""

@@ -161,8 +161,12 @@ class HostLab:
     """Real separate SSH hosts on this machine: one sshd per host, each in its own network namespace
     (ip netns + a veth into a bridge) where the machine allows it, else each on its own loopback address."""
 
-    def __init__(self, root: Path, count: int, use_netns: bool = True):
-        """Plan a lab of `count` hosts; files (keys, configs, logs) go under `root`. Nothing starts yet."""
+    def __init__(self, root: Path, count: int, use_netns: bool = True, max_startups: str = "1000"):
+        """Plan a lab of `count` hosts; files (keys, configs, logs) go under `root`. Nothing starts yet.
+
+        `max_startups` is sshd's MaxStartups: the lab's default lets any number of logins run at once; a real
+        sshd's "10:30:100" drops connections beyond 10 unauthenticated ones.
+        """
         global _counter
         if count < 1:
             raise ValueError("count must be >= 1")
@@ -173,6 +177,7 @@ class HostLab:
         self.root = Path(root).resolve() / f"lab{self.index}"
         self.count = count
         self.use_netns = use_netns
+        self.max_startups = max_startups
         self.netns = False
         self.hosts: list[LabHost] = []
         self.identity_file = self.root / "id_lab"
@@ -359,7 +364,7 @@ X11Forwarding no
 PrintMotd no
 PrintLastLog no
 # many ssh launches at once: the default 10:30:100 randomly drops connections beyond 10
-MaxStartups 1000
+MaxStartups {self.max_startups}
 MaxSessions 1000
 LoginGraceTime 30
 SetEnv {MARKER_ENV}={self.tag}

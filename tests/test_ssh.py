@@ -222,6 +222,28 @@ def test_ctrl_c_leaves_nothing_on_any_host(lab, tmp_path):
     assert run_processes_anywhere(run_dir.name) == []
 
 
+def test_many_sessions_to_one_host_stay_within_sshd_login_limit(lab, tmp_path):
+    """12 processes on a host whose sshd refuses more than 8 logins in progress (MaxStartups 8; a stock sshd starts
+    dropping at 10): sessions are opened in waves, so none is refused."""
+    with HostLab(tmp_path / "strict", 1, max_startups="8").start() as strict:
+        job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}}, name="ssh-waves", train_return="1000.0")
+        workdir = tmp_path / "strict-host"
+        workdir.mkdir()
+        text = job.read_text().replace("[topology]\n", "[topology]\nmax_restarts = 0\n")
+        text = re.sub(r"(?m)^envs_per_collector = .*$", "envs_per_collector = 1", text)
+        block = strict.host_toml(strict.hosts[0], sys.executable, str(workdir), collectors=12)
+        job.write_text(text + "\n" + block.replace('name = "h1"', 'name = "strict"'))
+        runs = tmp_path / "runs"
+        run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+        state = wait_for(lambda: (st := read_state(runs / run_id)).get("processes") and all(
+            p["state"] not in ("starting", "restarting") for p in st["processes"]) and st, 150, what="sessions settled")
+        assert [p["name"] for p in state["processes"] if p["state"] != "running"] == []
+        row = next(r for r in state["host_rows"] if r["name"] == "strict")
+        assert row["processes"] == 12
+        assert row["lost_sessions"] == 0 and row["restarts"] == 0, row
+        run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
+
+
 # ---------------------------------------------------------------------------------------------- hosts that fail the check
 
 
