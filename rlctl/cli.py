@@ -209,7 +209,8 @@ def _run_attached(rundir) -> int:
 @app.command()
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """All runs, or one run's processes."""
-    from rlctl.console import display_table, get_console, print_json, processes_table_rows, run_header, runs_table_rows
+    from rlctl.console import (display_table, get_console, hosts_table_rows, print_json, processes_table_rows, run_header,
+                               runs_table_rows)
     from rlctl.rundir import list_runs, runs_root
 
     if run is None:
@@ -224,6 +225,9 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
     get_console().print(run_header({**state, "status": rd.effective_status(state)}), markup=False)
     cols, rows = processes_table_rows(state)
     display_table(None, cols, rows)
+    hosts = hosts_table_rows(state)
+    if hosts is not None:
+        display_table(None, *hosts)
 
 
 @app.command()

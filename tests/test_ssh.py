@@ -102,6 +102,8 @@ def test_ppo_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
     assert "learner-0" in lines and "collector-1" in lines
     status = json.loads(run_cli(["status", run_dir.name, "--json", "--runs-dir", str(runs)]).stdout)
     assert {p["name"]: p["host"] for p in status["processes"]} == where
+    table = run_cli(["status", run_dir.name, "--runs-dir", str(runs)]).stdout
+    assert re.search(r"collector-1\s+collector\s+1\s+h3", table) and re.search(r"h2\s+ssh\s+stopped\s+0/1", table), table
     # The learner's checkpoint was written on h1 and brought home at the end; nothing of the run is left anywhere.
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     rows = {r["name"]: r for r in state["host_rows"]}
