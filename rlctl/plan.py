@@ -7,13 +7,12 @@ the base port), so `rlctl plan` shows exactly what `rlctl run` will start.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
-from rlctl.remote import remote_run_dir
+from rlctl.remote import port_free, remote_run_dir
 from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
 
 SECRET_MASK = "********"
@@ -95,19 +94,9 @@ def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
     start = default_base_port(spec)
     for offset in range(0, 20000, 16):
         base = 20000 + (start - 20000 + offset) % 32000
-        if all(_port_free(host, base + i) for i in range(need)):
+        if all(port_free(host, base + i) for i in range(need)):
             return base
     raise RuntimeError("no free port range found")
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT leftovers don't block
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def placement(spec: JobSpec) -> list[HostSpec]:

@@ -119,7 +119,8 @@ def command_run(argv: list[str]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
+    """True when `port` can be bound on `host` now (as ZeroMQ binds: TIME_WAIT leftovers don't count)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -134,7 +135,7 @@ def command_check(ports: list[int], bind: str) -> int:
     print(json.dumps({
         "rlctl": rlctl.__version__, "python": sys.version.split()[0], "executable": sys.executable,
         "torch": importlib.util.find_spec("torch") is not None, "hostname": socket.gethostname(),
-        "busy": [p for p in ports if not _port_free(bind, p)],
+        "busy": [p for p in ports if not port_free(bind, p)],
     }))
     return 0
 
