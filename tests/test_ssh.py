@@ -71,6 +71,12 @@ def run_processes_anywhere(marker: str) -> list[int]:
     return found
 
 
+def wait_all_running(run_dir: Path) -> None:
+    """Until the supervisor has heard from every process of the run."""
+    wait_for(lambda: (st := read_state(run_dir)).get("processes")
+             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+
+
 def finished_state(runs: Path) -> tuple[dict, Path]:
     run_dir = only_run(runs)
     state = read_state(run_dir)
@@ -168,8 +174,7 @@ def _detached_spread_run(lab, tmp_path, name: str) -> tuple[Path, str]:
     runs = tmp_path / "runs"
     run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
     run_dir = runs / run_id
-    wait_for(lambda: (st := read_state(run_dir)).get("processes")
-             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    wait_all_running(run_dir)
     return runs, run_id
 
 
@@ -179,7 +184,11 @@ def test_secret_never_on_a_command_line_and_stop_leaves_nothing_on_any_host(lab,
     assert len(pids) >= 6  # at least a wrapper and a role per process (torchrun adds its worker)
     secrets = set()
     for pid in pids:
-        for var in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # a process that ended since it was listed
+            continue
+        for var in environ.split(b"\0"):
             if var.startswith(b"RLCTL_CURVE_KEYS="):
                 secrets.update(var.split(b"=", 1)[1].split(b","))
     assert len(secrets) == 4, "the role processes got the job's keys"
@@ -213,8 +222,7 @@ def test_ctrl_c_leaves_nothing_on_any_host(lab, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = wait_for(lambda: next(iter(runs.iterdir()), None) if runs.exists() else None, 30, what="run dir")
-    wait_for(lambda: (st := read_state(run_dir)).get("processes")
-             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    wait_all_running(run_dir)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
@@ -313,8 +321,7 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
     def host(name: str) -> dict:
         return next(r for r in read_state(run_dir).get("host_rows", []) if r["name"] == name)
 
-    wait_for(lambda: (st := read_state(run_dir)).get("processes")
-             and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
+    wait_all_running(run_dir)
     os.kill(_role_pid(run_id, "collector", 0), signal.SIGKILL)
     wait_for(lambda: host("h2")["restarts"] == 1 and host("h2")["state"] == "ok", 60, what="h2's collector restarted")
     assert host("h2")["lost_sessions"] == 0
