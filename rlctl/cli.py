@@ -288,27 +288,49 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
             _confirm_remote_hosts(rd)
             raise typer.Exit(EXIT_FAILED)
     else:
-        # The supervisor is gone: end its processes ourselves and record it.
+        # The supervisor is gone: end its processes ourselves (closing remote sessions too), then bring home what it
+        # would have, and record it.
         _reap(state)
+        clean = _confirm_remote_hosts(rd, fetch_checkpoints=True)
         state.update(status="stopped", ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
         rd.write_state(state)
+        print(f"{rd.run_id} {rd.effective_status()}")
+        if not clean:
+            raise typer.Exit(EXIT_FAILED)
+        return
     left = _reap(state)
     print(f"{rd.run_id} {rd.effective_status()}" + (f"; {left} process groups had to be killed" if left else ""))
     if not _confirm_remote_hosts(rd):
         raise typer.Exit(EXIT_FAILED)
 
 
-def _confirm_remote_hosts(rd) -> bool:
-    """Check on every remote host of the run, at once, that none of its processes is left (killing any that are)."""
-    hosts = [h for h in (rd.read_plan() or {}).get("hosts", []) if not h.get("local", True)]
-    if not hosts:
+def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
+    """Check on every remote host of the run, at once, that none of its processes is left (killing any that are).
+
+    With fetch_checkpoints (the supervisor died, so it could not), remote processes first get a few seconds to
+    end by themselves (their sessions are closed: they write a final checkpoint), then their checkpoints come home.
+    """
+    plan = rd.read_plan() or {}
+    remote = {h["name"] for h in plan.get("hosts", []) if not h.get("local", True)}
+    if not remote:
         return True
-    from rlctl.hosts import sweep_hosts
+    from rlctl.hosts import pull_directory, sweep_hosts
+    from rlctl.remote import SESSION_LOST_GRACE_S, remote_run_dir
     from rlctl.spec import load_job
 
-    spec = load_job(rd.job_toml)
+    hosts = [h for h in load_job(rd.job_toml).hosts if h.name in remote]
+    if fetch_checkpoints:
+        deadline = time.time() + SESSION_LOST_GRACE_S + 3
+        while time.time() < deadline and any(r.get("left") for r in sweep_hosts(hosts, rd.run_id, kill=False).values()):
+            time.sleep(0.5)
+        writers = {p["host"] for p in plan.get("processes", []) if p.get("remote") and p["role"] in ("learner", "evaluator")}
+        fetched = pull_directory([h for h in hosts if h.name in writers], f"{remote_run_dir(rd.run_id)}/checkpoints",
+                                 rd.checkpoints_dir)
+        for name, files in fetched.items():
+            print(f"  host {name}: " + (f"fetched {', '.join(files) or 'no checkpoints'}" if isinstance(files, list)
+                                        else f"could not fetch checkpoints: {files}"))
     clean = True
-    for name, result in sweep_hosts([h for h in spec.hosts if not h.is_local], rd.run_id, kill=True).items():
+    for name, result in sweep_hosts(hosts, rd.run_id, kill=True).items():
         if "error" in result:
             clean = False
             print(f"  host {name}: could not check: {result['error']}", file=sys.stderr)

@@ -351,3 +351,19 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
     assert "host h4: could not check" in out.stderr, out.stderr
     assert "host h1: nothing of the run left" in out.stdout and "host h2: nothing of the run left" in out.stdout
     assert read_state(run_dir)["status"] == "stopped"
+
+
+def test_stop_after_the_supervisor_died_ends_remote_processes_and_fetches_their_checkpoint(lab, tmp_path):
+    runs, run_id = _detached_spread_run(lab, tmp_path, "ssh-orphans")
+    state = read_state(runs / run_id)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: json.loads(run_cli(["status", run_id, "--json", "--runs-dir", str(runs)]).stdout)["status"]
+             == "lost", 20, what="run shown lost")
+    assert not (runs / run_id / "checkpoints" / "latest.pt").exists()  # written on h1 only, so far
+    out = run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
+    assert "host h1: fetched latest.pt" in out.stdout, out.stdout
+    for h in ("h1", "h2", "h3"):
+        assert re.search(rf"host {h}: (nothing of the run left|killed)", out.stdout), out.stdout
+    assert (runs / run_id / "checkpoints" / "latest.pt").is_file()
+    assert read_state(runs / run_id)["status"] == "stopped"
+    assert run_processes_anywhere(run_id) == []
