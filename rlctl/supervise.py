@@ -267,13 +267,13 @@ class Supervisor:
         """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         net = wire.SecureContext(self.keys)
-        tb = TensorBoardWriter(str(self.rundir.tb_dir))
-        tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
+        tb: TensorBoardWriter | None = None
         try:
             self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
             self.status = "starting"
             self._publish()
             self._start_all()
+            tb = self._open_tb()  # TensorBoard's import takes ~0.2 s: only once every process is on its way
             self.status = "running"
             self._loop(tb)
         finally:
@@ -284,6 +284,7 @@ class Supervisor:
             self.ended_at = time.time()
             if self.status == "stopping":
                 self.status = "stopped"
+            tb = tb or self._open_tb()
             self._write_tb(tb)
             tb.close()
             self._publish()
@@ -291,6 +292,11 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
         return 1 if self.status == "failed" else 0
+
+    def _open_tb(self) -> TensorBoardWriter:
+        tb = TensorBoardWriter(str(self.rundir.tb_dir))
+        tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
+        return tb
 
     def _loop(self, tb: TensorBoardWriter) -> None:
         criteria = StopCriteria(self.spec, self.started_at)
