@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import json
 import os
+import select
 import shlex
 import signal
 import socket
@@ -30,12 +31,35 @@ import rlctl
 
 # Seconds a group gets between SIGTERM and SIGKILL when its session closes.
 SESSION_LOST_GRACE_S = 5.0
+DEFAULT_SESSION_TIMEOUT_S = 30.0  # network.session_timeout_s, sent in the session's setup line
+SETUP_TIMEOUT_S = 60.0
 RUN_ID_ENV = "RLCTL_RUN_ID"
 
 
 def remote_run_dir(run_id: str) -> str:
     """Where a run keeps its files on a remote host, relative to the host's working directory."""
     return f".rlctl/runs/{run_id}"
+
+
+class SessionInput:
+    """Lines from the session's stdin (unbuffered fd reads, so a timeout can be put on waiting for the next one)."""
+
+    def __init__(self, fd: int = 0):
+        self.fd, self.pending = fd, b""
+
+    def line(self, timeout: float | None = None) -> bytes | None:
+        """The next line (b"" at end of input), or None when nothing complete arrived within `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], left)[0]:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return b""
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line + b"\n"
 
 
 class TetheredGroup:
@@ -71,9 +95,16 @@ class TetheredGroup:
             time.sleep(0.05)
         self.send_signal(signal.SIGKILL)
 
-    def obey(self, stream) -> None:
-        """Act on the session's control lines until it closes; a closed session ends the group."""
-        for line in iter(stream.readline, b""):
+    def obey(self, session: SessionInput, timeout: float) -> None:
+        """Act on the session's lines (PING, TERM, KILL) until it closes or stays silent for `timeout` seconds;
+        either ends the group: nothing runs on unsupervised."""
+        while True:
+            line = session.line(timeout)
+            if line is None:
+                print(f"rlctl.remote: no word from the supervisor for {timeout:g}s: stopping", flush=True)
+                break
+            if not line:
+                break
             word = line.strip()
             if word == b"TERM":
                 self.send_signal(signal.SIGTERM)
@@ -95,12 +126,14 @@ def _write_files(files: dict) -> None:
 
 def command_run(argv: list[str]) -> int:
     """Start argv tethered to this session; returns its exit status (128+N when a signal ended it)."""
+    session = SessionInput()
     try:
-        setup = json.loads(sys.stdin.buffer.readline() or b"null")
+        setup = json.loads(session.line(SETUP_TIMEOUT_S) or b"null")
         if not isinstance(setup, dict):
             raise ValueError("no setup line on stdin")
+        timeout = float(setup.get("session_timeout_s", DEFAULT_SESSION_TIMEOUT_S))
         _write_files(setup.get("files", {}))
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         print(f"rlctl.remote: bad session setup: {exc}", file=sys.stderr, flush=True)
         return 2
     # The first line also tells the supervisor that this session is past its login.
@@ -109,7 +142,7 @@ def command_run(argv: list[str]) -> int:
     # The session's own signals (sshd's SIGHUP, a local Ctrl-C) mean the same as a TERM line.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: group.send_signal(signal.SIGTERM))
-    threading.Thread(target=group.obey, args=(sys.stdin.buffer,), daemon=True).start()
+    threading.Thread(target=group.obey, args=(session, timeout), daemon=True).start()
     code = group.child.wait()
     # Workers outlive a crashed leader: the group ends with its leader.
     group.end(SESSION_LOST_GRACE_S if code == 0 else 1.0)

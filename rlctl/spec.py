@@ -299,10 +299,13 @@ class LoggingSpec(Section):
 
 
 class NetworkSpec(Section):
-    """Ports of the data plane."""
+    """Ports of the data plane, and how long remote processes go on without word from the supervisor."""
 
     base_port: Annotated[int, Field(ge=0, le=65000)] = 0
     """First port of the job's contiguous range; 0 = the first free range from a per-job default."""
+    session_timeout_s: Annotated[float, Field(ge=1.0, le=86400.0)] = 30.0
+    """A remote process whose SSH session brings nothing from the supervisor for this long (a network partition, a
+    frozen supervisor) stops itself, rather than run on unsupervised; the supervisor pings every third of it."""
 
 
 class HostSpec(Section):

@@ -108,13 +108,13 @@ class ProcessHandle:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
         if self.spec.remote:
-            self._tell(session_setup)
+            self.tell(session_setup)
         self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
         self.pump.start()
         self.state, self.exit_code, self.last_heartbeat = ProcState.STARTING, None, None
         self.kill_sent_at, self.started_at = None, time.time()
 
-    def _tell(self, data: bytes, close: bool = False) -> None:
+    def tell(self, data: bytes, close: bool = False) -> None:
         """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
         try:
             self.popen.stdin.write(data)
@@ -135,11 +135,11 @@ class ProcessHandle:
             return
         if self.spec.remote and self.popen.poll() is None:
             if sig == signal.SIGTERM:
-                self._tell(b"TERM\n")
+                self.tell(b"TERM\n")
                 return
             if sig == signal.SIGKILL and self.kill_sent_at is None:
                 self.kill_sent_at = time.time()
-                self._tell(b"KILL\n", close=True)  # the remote side kills the group, then the session ends
+                self.tell(b"KILL\n", close=True)  # the remote side kills the group, then the session ends
                 return
             if sig == signal.SIGKILL and time.time() - self.kill_sent_at < REMOTE_KILL_WAIT_S:
                 return
@@ -214,6 +214,7 @@ class Supervisor:
         self.job_text = rundir.job_toml.read_text() if any(p.remote for p in plan.processes) else ""
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
+        self.next_ping = 0.0
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -305,6 +306,7 @@ class Supervisor:
         while True:
             if self.stop_signals:
                 return
+            self._ping_sessions()
             self._drain_control(100)
             if self._check_children():
                 return
@@ -320,6 +322,17 @@ class Supervisor:
             if reason:
                 self.status, self.exit_reason = "finished", reason
                 return
+
+    def _ping_sessions(self) -> None:
+        """Every third of network.session_timeout_s, a line down each remote session: its process keeps running
+        only while it hears from this supervisor."""
+        now = time.time()
+        if now < self.next_ping:
+            return
+        self.next_ping = now + self.spec.network.session_timeout_s / 3
+        for h in self.handles:
+            if h.spec.remote and h.popen is not None and h.popen.poll() is None and h.kill_sent_at is None:
+                h.tell(b"PING\n")
 
     def _start_all(self) -> None:
         """Start every process at once, except that at most SESSIONS_OPENING_PER_HOST SSH sessions to one host are
@@ -341,6 +354,7 @@ class Supervisor:
                     self._start(h)
                     opening[host].append(h)
             if any(waiting.values()):
+                self._ping_sessions()
                 self._drain_control(20)
 
     def _start(self, h: ProcessHandle) -> None:
@@ -349,7 +363,8 @@ class Supervisor:
             h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}, self.rundir.logs_dir)
             return
         # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
-        setup = {"env": {wire.KEYS_ENV: self.keys.to_env()}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text}}
+        setup = {"env": {wire.KEYS_ENV: self.keys.to_env()}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
+                 "session_timeout_s": self.spec.network.session_timeout_s}
         h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
     def _drain_control(self, timeout_ms: int) -> None:
@@ -497,6 +512,7 @@ class Supervisor:
             if time.time() > deadline or self.stop_signals > self._signals_at_shutdown:
                 for h in group:
                     h.signal_group(signal.SIGKILL)
+            self._ping_sessions()
             self._drain_control(50)  # final heartbeats (checkpoint, parameter digests) arrive now
 
 

@@ -77,6 +77,20 @@ def wait_all_running(run_dir: Path) -> None:
              and all(p["state"] == "running" for p in st["processes"]), 90, what="every process running")
 
 
+def _role_pid(run_id: str, role: str, rank: int) -> int | None:
+    """The role process itself (not its rlctl.remote wrapper) of one process of the run."""
+    for pid in run_processes_anywhere(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if (f"RLCTL_ROLE={role}".encode() in env and f"RLCTL_RANK={rank}".encode() in env
+                and f"rlctl.roles.{role}".encode() in cmdline and b"rlctl.remote" not in cmdline):
+            return pid
+    return None
+
+
 def finished_state(runs: Path) -> tuple[dict, Path]:
     run_dir = only_run(runs)
     state = read_state(run_dir)
@@ -254,6 +268,31 @@ def test_many_sessions_to_one_host_stay_within_sshd_login_limit(lab, tmp_path):
         run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
 
 
+def test_remote_process_stops_itself_when_the_supervisor_goes_silent(lab, tmp_path):
+    """A session that brings nothing from the supervisor for network.session_timeout_s (here its ssh client is
+    frozen, as in a network partition) ends its remote process; once the session ends, the collector is restarted."""
+    job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 1}},
+                     name="ssh-silent", train_return="1000.0")
+    job.write_text(job.read_text() + "\n[network]\nsession_timeout_s = 3.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir = runs / run_id
+    wait_all_running(run_dir)
+    collector = _role_pid(run_id, "collector", 1)
+    ssh_pid = next(p["pid"] for p in read_state(run_dir)["processes"] if p["name"] == "collector-1")
+    os.kill(ssh_pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not Path(f"/proc/{collector}").exists(), 30, what="the unsupervised collector gone")
+        assert "collector-1" in [p["name"] for p in read_state(run_dir)["processes"]]
+    finally:
+        os.kill(ssh_pid, signal.SIGCONT)
+    wait_for(lambda: (p := next(p for p in read_state(run_dir)["processes"] if p["name"] == "collector-1"))
+             ["restarts"] == 1 and p["state"] == "running", 60, what="collector-1 restarted")
+    assert "no word from the supervisor for 3s" in (run_dir / "logs" / "collector-1.log").read_text()
+    run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
+    assert run_processes_anywhere(run_id) == []
+
+
 # ---------------------------------------------------------------------------------------------- hosts that fail the check
 
 
@@ -290,20 +329,6 @@ def test_unfit_host_fails_fast_naming_it_and_starts_nothing(lab, tmp_path, fault
 
 
 # ---------------------------------------------------------------------------------------------- restarts, lost hosts
-
-
-def _role_pid(run_id: str, role: str, rank: int) -> int | None:
-    """The role process itself (not its rlctl.remote wrapper) of one process of the run."""
-    for pid in run_processes_anywhere(run_id):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if (f"RLCTL_ROLE={role}".encode() in env and f"RLCTL_RANK={rank}".encode() in env
-                and f"rlctl.roles.{role}".encode() in cmdline and b"rlctl.remote" not in cmdline):
-            return pid
-    return None
 
 
 def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
