@@ -392,3 +392,23 @@ def test_stop_after_the_supervisor_died_ends_remote_processes_and_fetches_their_
     assert (runs / run_id / "checkpoints" / "latest.pt").is_file()
     assert read_state(runs / run_id)["status"] == "stopped"
     assert run_processes_anywhere(run_id) == []
+
+
+def test_busy_port_on_a_host_fails_the_check_naming_host_and_port(lab, tmp_path):
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True}, 1: {"collectors": 1}}, name="ssh-ports")
+    base = 47000 + os.getpid() % 1000 * 2
+    job.write_text(job.read_text() + f"\n[network]\nbase_port = {base}\n")
+    squatter = (f"import socket, time; s = socket.socket(); s.bind(({lab.hosts[0].address!r}, {base + 1})); "
+                "s.listen(); open('ready', 'w').close(); time.sleep(60)  # rlctl-port-squatter")
+    (tmp_path / "squat").mkdir()
+    proc = subprocess.Popen(lab.ssh_argv(lab.hosts[0]) + [f"cd {tmp_path / 'squat'} && exec python3 -c \"{squatter}\""],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (tmp_path / "squat" / "ready").exists(), 20, what="port taken on h1")
+        out = run_cli(["run", str(job), "--runs-dir", str(tmp_path / "runs")], expected_exit=1, timeout=60)
+        assert f"host h1 ({lab.hosts[0].address}:{lab.hosts[0].port}): ports {base + 1} are in use there" in out.stderr, out.stderr
+        assert "host h2" not in out.stderr
+        assert run_processes_anywhere("ssh-ports") == []
+    finally:
+        proc.kill()
+        lab.run(lab.hosts[0], "pkill -f rlctl-port-squatter || true")
