@@ -25,6 +25,7 @@ from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
+EPISODE_REPORT_S = 0.1
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
 
 
@@ -115,23 +116,30 @@ class EpisodeTracker:
 
 
 class CollectorReport:
-    """Heartbeats with env-step rate, episodes and weight version, when due."""
+    """Heartbeats with env-step rate, episodes and weight version: when due, and soon after episodes end.
+
+    Finished episodes go out within EPISODE_REPORT_S rather than with the next regular heartbeat: a run that stops
+    on training returns stops that much sooner (at 1 s a CartPole job ran ~5k env steps past its target).
+    """
 
     def __init__(self, control: ControlClient, weights: WeightSubscriber, sender: ExperienceSender,
                  episodes: EpisodeTracker):
         self.control, self.weights, self.sender, self.episodes = control, weights, sender, episodes
         self.env_steps = 0
-        self.last_steps, self.last_t = 0, time.monotonic()
+        self.last_steps, self.last_t, self.last_sent = 0, time.monotonic(), 0.0
+        self.rate = 0.0
 
     def __call__(self) -> None:
-        """Send a heartbeat if one is due."""
+        """Send a heartbeat if one is due, or if episodes ended and the last one left EPISODE_REPORT_S ago."""
         now = time.monotonic()
-        if not self.control.due(now):
+        if not self.control.due(now) and not (self.episodes.returns and now - self.last_sent >= EPISODE_REPORT_S):
             return
-        rate = (self.env_steps - self.last_steps) / max(now - self.last_t, 1e-9)
-        self.last_steps, self.last_t = self.env_steps, now
+        if now - self.last_t >= self.control.interval:  # the rate over a whole interval, however often we report
+            self.rate = (self.env_steps - self.last_steps) / (now - self.last_t)
+            self.last_steps, self.last_t = self.env_steps, now
+        self.last_sent = now
         self.control.heartbeat({
-            "env_steps": self.env_steps, "charts/env_steps_per_s": rate,
+            "env_steps": self.env_steps, "charts/env_steps_per_s": self.rate,
             "collector/weight_version": self.weights.version, "collector/sent": self.sender.sent,
             **self.episodes.take(), "net/dropped": self.weights.dropped,
         })
