@@ -330,7 +330,8 @@ class HostSpec(Section):
     env: dict[str, str] = {}
     """Extra environment variables there."""
     advertise_address: str | None = None
-    """Address the other hosts reach this one at; default the destination."""
+    """Address the other hosts reach this one at (and its servers bind); default: the host name its SSH destination
+    resolves to (`ssh -G`: `~/.ssh/config` aliases applied), servers binding all interfaces."""
     learner: bool = False
     """Run a learner node here (a torchrun node); the first such host is the head (rank 0)."""
     learner_procs: Annotated[int, Field(ge=1, le=1024)] | None = None
