@@ -315,7 +315,8 @@ def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
     if not remote:
         return True
     from rlctl.hosts import pull_directory, sweep_hosts
-    from rlctl.remote import SESSION_LOST_GRACE_S, remote_run_dir
+    from rlctl.plan import CHECKPOINT_ROLES
+    from rlctl.remote import SESSION_LOST_GRACE_S, remote_checkpoint_dir
     from rlctl.spec import load_job
 
     hosts = [h for h in load_job(rd.job_toml).hosts if h.name in remote]
@@ -323,8 +324,8 @@ def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
         deadline = time.time() + SESSION_LOST_GRACE_S + 3
         while time.time() < deadline and any(r.get("left") for r in sweep_hosts(hosts, rd.run_id, kill=False).values()):
             time.sleep(0.5)
-        writers = {p["host"] for p in plan.get("processes", []) if p.get("remote") and p["role"] in ("learner", "evaluator")}
-        fetched = pull_directory([h for h in hosts if h.name in writers], f"{remote_run_dir(rd.run_id)}/checkpoints",
+        writers = {p["host"] for p in plan.get("processes", []) if p.get("remote") and p["role"] in CHECKPOINT_ROLES}
+        fetched = pull_directory([h for h in hosts if h.name in writers], remote_checkpoint_dir(rd.run_id),
                                  rd.checkpoints_dir)
         for name, files in fetched.items():
             print(f"  host {name}: " + (f"fetched {', '.join(files) or 'no checkpoints'}" if isinstance(files, list)

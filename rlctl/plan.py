@@ -12,7 +12,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
-from rlctl.remote import port_free, remote_run_dir
+from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir
 from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
 
 SECRET_MASK = "********"
@@ -24,6 +24,8 @@ ROLE_MODULES = {
 }
 # Roles whose death ends the run; the others are restarted up to topology.max_restarts.
 CRITICAL_ROLES = frozenset({"learner", "replay"})
+# Roles that write checkpoints (latest.pt and ckpt-N.pt; best.pt): on a remote host they are fetched at the end.
+CHECKPOINT_ROLES = frozenset({"learner", "evaluator"})
 LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
 
 
@@ -171,7 +173,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         if not h.is_local:
             # The job file arrives on the session's stdin; the run's files live under the host's workdir.
             remote_dir = remote_run_dir(run_id)
-            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=f"{remote_dir}/checkpoints",
+            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(run_id),
                        RLCTL_CONTROL=f"ipc://{control_socket(run_id, name)}")
         py = python if (python and h.is_local) else h.python
         full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port)

@@ -41,6 +41,11 @@ def remote_run_dir(run_id: str) -> str:
     return f".rlctl/runs/{run_id}"
 
 
+def remote_checkpoint_dir(run_id: str) -> str:
+    """Where a run's learner and evaluator write checkpoints on a remote host (relative to its working directory)."""
+    return f"{remote_run_dir(run_id)}/checkpoints"
+
+
 class SessionInput:
     """Lines from the session's stdin (unbuffered fd reads, so a timeout can be put on waiting for the next one)."""
 

@@ -25,8 +25,8 @@ import zmq
 from rlctl import wire
 from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
-from rlctl.plan import LaunchPlan, ProcessSpec, make_plan
-from rlctl.remote import remote_run_dir
+from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
+from rlctl.remote import remote_checkpoint_dir
 from rlctl.rundir import RunDir, group_alive
 from rlctl.spec import SYNCHRONOUS, JobSpec, load_job, resolved_dict
 
@@ -492,9 +492,9 @@ class Supervisor:
 
     def _finish_remote(self) -> None:
         """Bring remote checkpoints home, then make sure nothing of the run is left on any remote host."""
-        writers = {p.host for p in self.plan.processes if p.remote and p.role in ("learner", "evaluator")}
+        writers = {p.host for p in self.plan.processes if p.remote and p.role in CHECKPOINT_ROLES}
         fetched = pull_directory([h for h in self.remote_hosts if h.name in writers],
-                                 f"{remote_run_dir(self.plan.run_id)}/checkpoints", self.rundir.checkpoints_dir)
+                                 remote_checkpoint_dir(self.plan.run_id), self.rundir.checkpoints_dir)
         for name, result in sweep_hosts(self.remote_hosts, self.plan.run_id, kill=True).items():
             self.remote_cleanup[name] = {**result, **({"checkpoints": fetched[name]} if name in fetched else {})}
 
