@@ -25,6 +25,7 @@ from rlctl.algos.onpolicy import gae, impala_loss, ppo_loss, vtrace
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.models import ActorCritic, build_policy, flat_parameters, parameter_digest
+from rlctl.optim import build_optimizer, optimizer_step
 from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER, rollout_layout
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 from rlctl.spec import SYNCHRONOUS, resolved_dict
@@ -91,11 +92,11 @@ class RolloutLearner:
         self.model = DDP(self.online, device_ids=[device.index] if device.type == "cuda" else None) \
             if world > 1 else self.online
         if algo.name == "impala" and algo.optimizer == "rmsprop":
-            self.opt = torch.optim.RMSprop(self.online.parameters(), lr=algo.lr, alpha=algo.rmsprop_alpha,
-                                           eps=algo.adam_eps)
+            self.opt = build_optimizer("rmsprop", self.online.parameters(), lr=algo.lr, alpha=algo.rmsprop_alpha,
+                                       eps=algo.adam_eps)
         else:
             # Fused: one kernel for every parameter (as the Ape-X learner; ~15% of a small network's round on CPU).
-            self.opt = torch.optim.Adam(self.online.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)
+            self.opt = build_optimizer("adam", self.online.parameters(), lr=algo.lr, eps=algo.adam_eps)
         # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank).
         per_rollout = algo.rollout_len * job.env.envs_per_collector
         rollouts = job.collector_count if algo.name in SYNCHRONOUS else algo.rollouts_per_batch * world
@@ -115,7 +116,7 @@ class RolloutLearner:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.algo.max_grad_norm, foreach=True)
-        self.opt.step()
+        optimizer_step(self.opt)
 
     def _forward_all(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Heads and values of [T+1, B, ...] observations, through DDP: ([T+1, B, A], [T+1, B])."""
