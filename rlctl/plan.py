@@ -185,10 +185,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     for node, h in enumerate(learner_nodes):
         # Static rendezvous: ranks are numbered node after node in node-rank order, so the plan knows which node
         # holds each rank (rank 0 binds the weights port, rank r its rollout port) before anything starts.
-        argv = ["{python}", "-m", "torch.distributed.run",
+        # rlctl.torchrun is torchrun with its workers forked from the agent (torch imported once, not twice).
+        argv = ["{python}", "-m", "rlctl.torchrun",
                 "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(node_procs[node]),
                 "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
-                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
+                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--start-method", "fork",
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
                  "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}

@@ -149,7 +149,7 @@ def test_apex_argv():
     spec = load_job(APEX)
     procs = by_name(plan_of(spec))
     learner = procs["learner-0"].argv
-    assert learner[:3] == [PY, "-m", "torch.distributed.run"]
+    assert learner[:3] == [PY, "-m", "rlctl.torchrun"]
     assert learner[-2:] == ["-m", "rlctl.roles.learner"]
     assert arg_after(learner, "--nproc-per-node") == str(spec.topology.learner_procs)
     assert arg_after(learner, "--nnodes") == "1"
@@ -337,7 +337,7 @@ def test_remote_binds_not_loopback(remote_spec):
 def test_local_hosts_in_multi_host_job_run_directly(remote_spec):
     procs = by_name(plan_of(remote_spec))
     assert procs["replay-0"].argv == [PY, "-m", "rlctl.roles.replay"]
-    assert procs["learner-0"].argv[:3] == [PY, "-m", "torch.distributed.run"]
+    assert procs["learner-0"].argv[:3] == [PY, "-m", "rlctl.torchrun"]
 
 
 def test_ssh_argv_for_remote_host(remote_spec):
@@ -462,7 +462,7 @@ def test_cli_plan_text(tmp_path):
     proc = rlctl("plan", "jobs/apex.toml", "--runs-dir", str(runs))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for needle in ("torch.distributed.run", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
+    for needle in ("rlctl.torchrun", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
                    "rlctl.roles.learner", "replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"):
         assert needle in out, needle
     assert "Traceback" not in proc.stderr
@@ -481,7 +481,7 @@ def test_cli_plan_json(tmp_path):
             assert x["env"][key] == SECRET_MASK
         assert x["env"]["RLCTL_ROLE"] == x["role"]
     learner = next(x for x in data["processes"] if x["role"] == "learner")
-    assert "torch.distributed.run" in learner["argv"] and learner["argv"][-1] == "rlctl.roles.learner"
+    assert "rlctl.torchrun" in learner["argv"] and learner["argv"][-1] == "rlctl.roles.learner"
 
 
 def test_cli_plan_remote_job_shows_ssh(tmp_path):

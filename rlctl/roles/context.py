@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -121,10 +122,12 @@ def role_main(run) -> None:
 
     After a clean return (sockets closed, checkpoints written and renamed) the process exits at once: the
     interpreter's teardown of torch and friends takes 0.3-1 s under load, which every stop would wait for
-    (torchrun only notices a worker's exit after it).
+    (torchrun only notices a worker's exit after it). A worker forked by torchrun's agent (`rlctl.torchrun`)
+    returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
     """
     stop = StopFlag()
     run(RoleContext.from_env(), stop)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    if multiprocessing.parent_process() is None:
+        os._exit(0)
