@@ -309,3 +309,28 @@ def test_fast_path_imports_no_heavy_modules():
             "print(sorted(m for m in ('typer', 'pydantic', 'zmq', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_event_file_records_read_back_by_tensorboard(tmp_path):
+    """rlctl's own TFRecord framing: CRC-32C's check value, tensorboard's masked CRC, and its reader's view."""
+    import os
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+
+    from rlctl.metrics import TensorBoardWriter, crc32c, masked_crc32c
+
+    assert crc32c(b"123456789") == 0xE3069283
+    for n in (0, 1, 7, 64, 3000):
+        data = os.urandom(n)
+        assert masked_crc32c(data) == reference(data)
+    tb = TensorBoardWriter(str(tmp_path))
+    for step in range(3):
+        tb.scalars({"charts/episode_return": 10.0 * step, "losses/td_loss": 0.5}, step)
+    tb.text("hyperparameters", "|param|value|\n|-|-|\n|lr|0.001|")
+    tb.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("charts/episode_return")] == [0.0, 10.0, 20.0]
+    assert [e.step for e in acc.Scalars("losses/td_loss")] == [0, 1, 2]
+    assert "hyperparameters" in acc.Tags()["tensors"]
