@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, only_run, read_state, run_cli
 
-CAP_S = 300  # generous: these jobs stop in 15-30 s here; the cap only bounds a broken run
+CAP_S = 300  # generous: these jobs stop in 5-15 s here; the cap only bounds a broken run
 
 
 def _job_copy(tmp_path, job: str, **replace: str):
