@@ -51,7 +51,7 @@ def save_best(rc: RoleContext, model: torch.nn.Module, info: SpaceInfo, version:
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
-    """Evaluate each new weight version, at most once per `evaluator.interval_s`."""
+    """Evaluate each new weight version, at most once per `evaluator.interval_s` (back to back while at the target)."""
     torch.set_num_threads(1)
     job = rc.job
     net = wire.SecureContext(rc.keys)
@@ -74,7 +74,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds)
             rounds += 1
             streak = streak + 1 if target is not None and returns.mean() >= target else 0
-            evaluated, next_at = version, now + job.evaluator.interval_s
+            # A round at the stop target is confirmed by the next ones at once (on newer weights, fresh episodes):
+            # waiting interval_s between them only delayed every eval_rounds stop.
+            evaluated, next_at = version, now if streak else now + job.evaluator.interval_s
             metrics = {"eval/return_mean": float(returns.mean()), "eval/return_min": float(returns.min()),
                        "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds,
                        "eval/streak": streak}
