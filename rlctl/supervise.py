@@ -23,6 +23,7 @@ from pathlib import Path
 import zmq
 
 from rlctl import wire
+from rlctl.forkserver import FORKED_MODULES, ForkedProcess, ForkServer
 from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
 from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
@@ -84,7 +85,7 @@ class ProcessHandle:
     """A running (or ended) process of the plan: the object to ProcessSpec's class."""
 
     spec: ProcessSpec
-    popen: subprocess.Popen | None = None
+    popen: subprocess.Popen | ForkedProcess | None = None
     pump: LogPump | None = None
     state: ProcState = ProcState.STARTING
     restarts: int = 0
@@ -96,14 +97,16 @@ class ProcessHandle:
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
     last_exit: int | None = None  # exit code of the previous start, kept across restarts
 
-    def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"") -> None:
-        """Spawn in a new process group, output piped to a LogPump.
+    def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"",
+              forkserver: ForkServer | None = None) -> None:
+        """Spawn in a new process group, output piped to a LogPump; forked by `forkserver` where one is given.
 
         A remote process's argv is its `ssh` session: `session_setup` (secrets, the job file) goes down the
         session's stdin, which then stays open for TERM/KILL lines.
         """
         argv = [a.replace(ATTEMPT, str(self.restarts)) for a in self.spec.argv]  # a fresh control socket per start
-        self.popen = subprocess.Popen(
+        forked = forkserver.spawn(argv[2], env) if forkserver is not None else None
+        self.popen = forked or subprocess.Popen(
             argv, env=env, stdin=subprocess.PIPE if self.spec.remote else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -215,6 +218,7 @@ class Supervisor:
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
         self.next_ping = 0.0
+        self.forkserver: ForkServer | None = None
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -273,6 +277,7 @@ class Supervisor:
             self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
             self.status = "starting"
             self._publish()
+            self.forkserver = self._start_forkserver()
             self._start_all()
             tb = self._open_tb()  # TensorBoard's import takes ~0.2 s: only once every process is on its way
             self.status = "running"
@@ -289,6 +294,8 @@ class Supervisor:
             self._write_tb(tb)
             tb.close()
             self._publish()
+            if self.forkserver is not None:
+                self.forkserver.close()
             net.close()
             for s, h in old.items():
                 signal.signal(s, h)
@@ -334,11 +341,31 @@ class Supervisor:
             if h.spec.remote and h.popen is not None and h.popen.poll() is None and h.kill_sent_at is None:
                 h.tell(b"PING\n")
 
+    @staticmethod
+    def _inherited_env(h: ProcessHandle) -> dict[str, str]:
+        """What a local process's environment holds besides its own RLCTL_* settings (and the keys)."""
+        return {**os.environ, **{k: v for k, v in h.spec.env.items() if not k.startswith("RLCTL_")}}
+
+    def _forkable(self, h: ProcessHandle) -> bool:
+        """A local collector, evaluator or replay shard that the fork server's interpreter can become."""
+        argv = h.spec.argv
+        return (not h.spec.remote and len(argv) == 3 and argv[0] == sys.executable and argv[1] == "-m"
+                and argv[2] in FORKED_MODULES
+                and (self.forkserver is None or self._inherited_env(h) == self.forkserver.env))
+
+    def _start_forkserver(self) -> ForkServer | None:
+        """The fork server, when two or more local processes can come from it (one import of torch, not N)."""
+        forkable = [h for h in self.handles if self._forkable(h)]
+        if len(forkable) < 2:
+            return None
+        return ForkServer(sys.executable, self._inherited_env(forkable[0]), str(self.rundir.path / "forkserver.out"))
+
     def _start_all(self) -> None:
         """Start every process at once, except that at most SESSIONS_OPENING_PER_HOST SSH sessions to one host are
-        logging in at a time: sshd's default MaxStartups (10:30:100) drops connections beyond 10 unauthenticated."""
+        logging in at a time: sshd's default MaxStartups (10:30:100) drops connections beyond 10 unauthenticated.
+        Processes from the fork server come last: the first of them waits for the server's imports."""
         waiting: dict[str, deque[ProcessHandle]] = {}
-        for h in self.handles:
+        for h in sorted(self.handles, key=lambda h: self.forkserver is not None and self._forkable(h)):
             if h.spec.remote:
                 waiting.setdefault(h.spec.host, deque()).append(h)
             else:
@@ -360,7 +387,9 @@ class Supervisor:
     def _start(self, h: ProcessHandle) -> None:
         """Start (or restart) one process; the keys go into its environment only, never onto a command line."""
         if not h.spec.remote:
-            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}, self.rundir.logs_dir)
+            forkserver = self.forkserver if self.forkserver is not None and self._forkable(h) else None
+            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}, self.rundir.logs_dir,
+                    forkserver=forkserver)
             return
         # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
         setup = {"env": {wire.KEYS_ENV: self.keys.to_env()}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
