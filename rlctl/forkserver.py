@@ -18,6 +18,7 @@ spawned itself, each is in its own session.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import runpy
@@ -184,8 +185,10 @@ def _child(sock: socket.socket, request: dict, out_fd: int) -> None:
         os.close(out_fd)
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [request["module"]]
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        # The module's file as __main__ (as torchrun's --run-path): run_module would warn that it is imported already.
+        path = importlib.util.find_spec(request["module"]).origin
+        sys.argv = [path]
+        runpy.run_path(path, run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
