@@ -4,8 +4,9 @@
 argument parser, elastic agent, rendezvous and restarts). The one difference: with `--start-method fork` the
 module is imported here, in the agent, and each worker is forked from it and runs the module's file in place
 (torchrun's `--run-path`), instead of being a fresh `python -m` that imports torch and the learner again. On a
-2-core machine that second import is 1.5-2 s on the path from `rlctl run` to the first env step. The agent imports
-nothing else and touches no CUDA device before forking, so the workers start as clean as spawned ones.
+2-core machine that second import is 1.5-2 s on the path from `rlctl run` to the first env step. With a CUDA build
+of torch the workers are spawned as by plain torchrun: on a GPU machine (an H200) the forked ranks failed with
+"Cannot re-initialize CUDA in forked subprocess", the agent having touched CUDA before forking.
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ import importlib
 import os
 import sys
 
+import torch
 from torch.distributed.run import parse_args, run
 
 
 def main(argv: list[str] | None = None) -> None:
     """Parse torchrun's arguments and launch; a module run with fork start becomes an in-place run of its file."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.start_method == "fork" and torch.version.cuda is not None:
+        # A CUDA build of torch: CUDA is unusable in a child forked after the agent touched it, so ranks start as
+        # fresh processes.
+        args.start_method = "spawn"
     if args.module and args.start_method == "fork":
         module = importlib.import_module(args.training_script)
         args.module, args.run_path, args.training_script = False, True, module.__file__
