@@ -31,8 +31,7 @@ import traceback
 
 from rlctl.rundir import pid_alive
 
-PRELOAD = ("torch", "gymnasium", "rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay")
-FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay")
+FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay")  # they import torch, gymnasium
 FD_ENV = "RLCTL_FORKSERVER_FD"
 READY_TIMEOUT_S = 60.0
 
@@ -130,7 +129,7 @@ class ForkServer:
             os.close(write)
         end = time.monotonic() + READY_TIMEOUT_S  # the first request waits for the server's imports
         while time.monotonic() < end and not self.dead:
-            msg = self._receive(end - time.monotonic())
+            msg = self._receive(max(end - time.monotonic(), 0.0))
             if msg is not None and "pid" in msg:
                 child = ForkedProcess(self, int(msg["pid"]), os.fdopen(read, "rb"))
                 self.children[child.pid] = child
@@ -202,7 +201,7 @@ def _child(sock: socket.socket, request: dict, out_fd: int) -> None:
 
 def serve(sock: socket.socket) -> None:
     """Import the roles, then fork a process per request until the supervisor's end closes."""
-    for name in PRELOAD:
+    for name in FORKED_MODULES:
         importlib.import_module(name)
     _send(sock, {"ready": True})
     while True:

@@ -12,7 +12,8 @@ also skips its per-step profiler scope. If torch changes these internals the mar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -46,10 +47,16 @@ def build_optimizer(name: str, params: Iterable[torch.nn.Parameter], **kwargs) -
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def optimizer_step(opt: torch.optim.Optimizer) -> None:
-    """One update: the optimizer's own `step` body under no_grad, without the wrappers that import torch._dynamo."""
-    fn = type(opt).step
+@functools.cache
+def _step_body(cls: type) -> Callable:
+    """The optimizer class's own `step`, under torch.optim's wrappers (found once per class, not per step)."""
+    fn = cls.step
     while hasattr(fn, "__wrapped__"):
         fn = fn.__wrapped__
+    return fn
+
+
+def optimizer_step(opt: torch.optim.Optimizer) -> None:
+    """One update: the optimizer's own `step` body under no_grad, without the wrappers that import torch._dynamo."""
     with torch.no_grad():
-        fn(opt)
+        _step_body(type(opt))(opt)
