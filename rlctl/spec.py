@@ -282,7 +282,7 @@ class EvaluatorSpec(Section):
     """Greedy evaluation on the newest weights."""
 
     interval_s: Annotated[float, Field(ge=0, le=1e6)] = 2.0
-    """Seconds between evaluation rounds (a round starts once new weights exist; at once after one at the stop target)."""
+    """Seconds between evaluation rounds (a round starts once new weights exist; at once while confirming the stop target)."""
     episodes: Annotated[int, Field(ge=1, le=100_000)] = 10
     """Episodes per round; their mean is `eval/return_mean`."""
 

@@ -75,8 +75,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             rounds += 1
             streak = streak + 1 if target is not None and returns.mean() >= target else 0
             # A round at the stop target is confirmed by the next ones at once (on newer weights, fresh episodes):
-            # waiting interval_s between them only delayed every eval_rounds stop.
-            evaluated, next_at = version, now if streak else now + job.evaluator.interval_s
+            # waiting interval_s between them only delayed every eval_rounds stop. Once confirmed, the pace is back to
+            # interval_s, so no round on weights trained past the stop replaces the figures it stopped on.
+            confirming = 0 < streak < job.job.stop.eval_rounds
+            evaluated, next_at = version, now if confirming else now + job.evaluator.interval_s
             metrics = {"eval/return_mean": float(returns.mean()), "eval/return_min": float(returns.min()),
                        "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds,
                        "eval/streak": streak}
