@@ -39,6 +39,19 @@ def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.Vecto
     return gym.make_vec(env_id, num_envs=num, vectorization_mode=mode, **kwargs)
 
 
+def autoreset_valid(done: np.ndarray, done_before: np.ndarray) -> np.ndarray:
+    """Which steps of a [T, n_envs] block are transitions under gymnasium's NEXT_STEP autoreset.
+
+    The step after an episode end resets that env (the action is ignored, the reward is 0): not a transition.
+    `done` is terminated | truncated per step, `done_before` the same for the step before the block.
+    """
+    valid = np.empty(done.shape, dtype=bool)
+    if len(done):
+        np.logical_not(done_before, out=valid[0])
+        np.logical_not(done[:-1], out=valid[1:])
+    return valid
+
+
 @dataclass(frozen=True)
 class SpaceInfo:
     """What a policy needs to know of an env: observation shape/dtype and the action space (Discrete or Box)."""

@@ -404,7 +404,7 @@ def test_chunked_nstep_agrees_with_per_step_accumulator(num_envs, n, chunk, seed
         actions = rng.integers(0, 3, num_envs)
         term, trunc = term & valid, trunc & valid
         got_a.append(per_step.step(obs, actions, rewards, nxt, term, trunc, valid))
-        if chunked.add(obs, actions, rewards, nxt, term, trunc, valid):
+        if chunked.add(obs, actions, rewards, nxt, term, trunc):  # derives valid = ~prev_done itself
             got_b.append(chunked.take())
         prev_done = term | trunc
     got_b.append(chunked.take())
@@ -450,7 +450,7 @@ def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chu
         term = valid & (rng.random(num_envs) < 0.15)
         trunc = valid & ~term & (rng.random(num_envs) < 0.1)
         rewards = rng.normal(size=num_envs).astype(np.float32) * valid
-        if chunked.add(obs, actions, rewards, nxt, term, trunc, valid, q=q):
+        if chunked.add(obs, actions, rewards, nxt, term, trunc, q=q):
             outs.append(chunked.take())
         # NEXT_STEP autoreset: after an end the env returns the final obs again as the next step's obs.
         obs, prev_done = nxt, term | trunc
@@ -458,3 +458,60 @@ def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chu
     assert outs, "no transitions emitted"
     batch = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     np.testing.assert_allclose(batch["priority"], initial_priorities(model, batch), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.lists(st.integers(1, 9), min_size=1, max_size=8), st.integers(0, 2**31 - 1))
+def test_episode_tracker_blocks_agree_with_per_step_accounting(num_envs, blocks, seed):
+    from rlctl.envs import autoreset_valid
+    from rlctl.roles.collector import EpisodeTracker
+
+    rng = np.random.default_rng(seed)
+    steps = sum(blocks)
+    done = rng.random((steps, num_envs)) < 0.3
+    rewards = rng.normal(size=(steps, num_envs)).astype(np.float32)
+    # Reference: one step at a time, the NEXT_STEP autoreset step after an end counts for nothing.
+    ref_returns, ref_lengths, ref_valid = [], [], 0
+    ret, length, prev = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64), np.zeros(num_envs, dtype=bool)
+    for t in range(steps):
+        for e in range(num_envs):
+            if prev[e]:
+                continue
+            ret[e] += rewards[t, e]
+            length[e] += 1
+            ref_valid += 1
+        for e in range(num_envs):
+            if done[t, e]:
+                ref_returns.append(ret[e])
+                ref_lengths.append(int(length[e]))
+                ret[e], length[e] = 0.0, 0
+        prev = done[t]
+
+    tracker, counted, start, before = EpisodeTracker(num_envs), 0, 0, np.zeros(num_envs, dtype=bool)
+    for size in blocks:
+        block = slice(start, start + size)
+        valid = autoreset_valid(done[block], before)
+        counted += tracker.steps(rewards[block], done[block], valid)
+        before, start = done[start + size - 1], start + size
+    got = tracker.take()
+    assert counted == ref_valid
+    assert got["episode_lengths"] == ref_lengths
+    np.testing.assert_allclose(got["episode_returns"], ref_returns, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(tracker.ep_return, ret, rtol=1e-9, atol=1e-9)
+    np.testing.assert_array_equal(tracker.ep_length, length)
+
+
+def test_shared_flat_storage_keeps_values_and_loads_in_one_copy():
+    from rlctl.models import share_flat_storage
+
+    torch.manual_seed(0)
+    model, other = QNetwork((4,), 2, (16, 16)), QNetwork((4,), 2, (16, 16))
+    x = torch.randn(5, 4)
+    before = model(x).detach()
+    flat = share_flat_storage(model)
+    assert flat.dtype == np.float32 and flat.shape == (flat_parameters(model).numel(),)
+    torch.testing.assert_close(model(x).detach(), before)  # same values, same forward
+    np.copyto(flat, flat_parameters(other).numpy())  # what a collector does with published weights
+    torch.testing.assert_close(model(x).detach(), other(x).detach())
+    assert parameter_digest(model) == parameter_digest(other)
+    assert share_flat_storage(QNetwork((4,), 2, (8,)).double()) is None  # not float32: the per-tensor path

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlctl.envs import autoreset_valid
+
 
 def epsilon_ladder(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """Per-actor exploration rates eps_i = base ** (1 + alpha * i / (N - 1)) from the Ape-X paper."""
@@ -137,8 +139,9 @@ class ChunkedNStep:
     `add` only copies one vector-env step into [rows, env] arrays (a few microseconds); `take` emits every
     transition that became complete, vectorized over the whole chunk with a loop over the n offsets. The last
     n-1 rows carry over, with a flag for the starts still waiting for later rewards. Same rules as
-    NStepAccumulator (terminated: no bootstrap; truncated: bootstrap from the final obs; `valid` False rows,
-    NEXT_STEP autoreset steps, are not transitions), and the tests check the two agree.
+    NStepAccumulator (terminated: no bootstrap; truncated: bootstrap from the final obs; NEXT_STEP autoreset
+    steps, the step after each end, are not transitions), and the tests check the two agree. Which steps are
+    autoreset steps follows from the stored ends, so `add` takes none of it (envs.autoreset_valid).
 
     With `n_actions`, `add` also takes the Q-values the actor acted on, and `take` adds Ape-X initial priorities
     |R + discount * max Q(s') - Q(s, a)| without another forward pass: every next observation is acted on one
@@ -155,29 +158,38 @@ class ChunkedNStep:
         self.action = np.zeros((rows, self.num_envs), dtype=np.int64)
         self.reward = np.zeros((rows, self.num_envs), dtype=np.float64)
         self.terminated = np.zeros((rows, self.num_envs), dtype=bool)
-        self.done = np.zeros((rows, self.num_envs), dtype=bool)
-        self.valid = np.zeros((rows, self.num_envs), dtype=bool)
+        self.truncated = np.zeros((rows, self.num_envs), dtype=bool)
+        self.done_before = np.zeros(self.num_envs, dtype=bool)  # done of the step before row 0
         self.waiting = np.zeros((rows, self.num_envs), dtype=bool)  # carried starts not emitted yet
         self.q = np.zeros((rows, self.num_envs, n_actions), dtype=np.float32) if n_actions else None
         self.rows = 0
         self.carried = 0
 
-    def add(self, obs, actions, rewards, next_obs, terminated, truncated, valid=None, q=None) -> bool:
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, q=None) -> bool:
         """Store one vector-env step; True when a chunk is full and `take` should be called."""
         i = self.rows
         self.obs[i], self.next_obs[i], self.action[i], self.reward[i] = obs, next_obs, actions, rewards
-        self.terminated[i] = terminated
-        self.done[i] = np.logical_or(terminated, truncated)
-        self.valid[i] = True if valid is None else valid
+        self.terminated[i], self.truncated[i] = terminated, truncated
         if self.q is not None:
             self.q[i] = q
         self.rows += 1
         return self.rows - self.carried >= self.chunk
 
+    def _done_valid(self) -> tuple[np.ndarray, np.ndarray]:
+        """done and valid of the stored rows, computed once per chunk rather than once per step."""
+        done = self.terminated[:self.rows] | self.truncated[:self.rows]
+        return done, autoreset_valid(done, self.done_before)
+
+    def fresh_steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(reward, done, valid) [rows, envs] of the steps added since the last `take`; call before `take`."""
+        done, valid = self._done_valid()
+        c = self.carried
+        return self.reward[c:self.rows], done[c:], valid[c:]
+
     def take(self) -> dict[str, np.ndarray]:
         """Every transition completed by the stored steps, env-major and oldest first within an env."""
         n, gamma, rows = self.n, self.gamma, self.rows
-        starts = self.valid[:rows].copy()
+        done, starts = self._done_valid()
         starts[: self.carried] &= self.waiting[: self.carried]
         ret = np.zeros((rows, self.num_envs))
         disc = np.ones((rows, self.num_envs))
@@ -196,7 +208,7 @@ class ChunkedNStep:
             steps[:span] += active
             last[:span] = np.where(active, np.arange(k, rows)[:, None], last[:span])
             term[:span] |= active & self.terminated[k:rows]
-            ended[:span] |= active & self.done[k:rows]
+            ended[:span] |= active & done[k:]
         complete = starts & (ended | (steps == n)) & (last + self.lag < rows)
         env_idx, row_idx = np.nonzero(complete.T)
         last_row = last[row_idx, env_idx]
@@ -213,12 +225,14 @@ class ChunkedNStep:
             q_next = self.q[last_row + 1, env_idx].max(axis=1)
             out["priority"] = np.abs(ret[row_idx, env_idx] + discount * q_next - q_taken).astype(np.float32)
         keep = min(n - 1 + self.lag, rows)
-        self._carry(rows - keep, starts & ~complete)
+        self._carry(rows - keep, starts & ~complete, done)
         return out
 
-    def _carry(self, first: int, waiting: np.ndarray) -> None:
+    def _carry(self, first: int, waiting: np.ndarray, done: np.ndarray) -> None:
         keep = self.rows - first
-        arrays = (self.obs, self.next_obs, self.action, self.reward, self.terminated, self.done, self.valid)
+        if first:
+            self.done_before = done[first - 1]
+        arrays = (self.obs, self.next_obs, self.action, self.reward, self.terminated, self.truncated)
         for arr in arrays + ((self.q,) if self.q is not None else ()):
             arr[:keep] = arr[first:self.rows]
         self.waiting[:keep] = waiting[first:self.rows]

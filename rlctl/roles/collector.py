@@ -18,14 +18,17 @@ import zmq
 
 from rlctl import wire
 from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder
-from rlctl.envs import SpaceInfo, env_space_info, make_vec_env
-from rlctl.models import ActorCritic, build_policy, load_flat_parameters
+from rlctl.envs import SpaceInfo, autoreset_valid, env_space_info, make_vec_env
+from rlctl.models import ActorCritic, build_policy, load_flat_parameters, share_flat_storage
 from rlctl.spec import OFF_POLICY, SYNCHRONOUS
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
 EPISODE_REPORT_S = 0.1
+# New weights and due heartbeats are looked for once a millisecond rather than every step: each look costs a few
+# microseconds, a tenth of a CartPole collector's whole step.
+POLL_S = 0.001
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
 
 
@@ -35,12 +38,13 @@ class WeightSubscriber:
     def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module):
         self.sock = net.client(zmq.SUB, endpoint, subscribe=b"", rcvhwm=2)
         self.model = model
+        self.flat = share_flat_storage(model)  # None: load parameter by parameter
         self.version = -1
         self.dropped = 0
 
     def poll(self) -> bool:
         """Load the newest weights that have arrived, if any; True when the policy changed."""
-        if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the per-step fast path: nothing arrived
+        if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the usual case: nothing arrived
             return False
         newest = None
         for _, msg in wire.receive_waiting(self.sock):
@@ -50,9 +54,16 @@ class WeightSubscriber:
                 newest = msg
         if newest is None or newest.version <= self.version:
             return False
-        try:
-            load_flat_parameters(self.model, newest.arrays["params"])
-        except ValueError:
+        params = newest.arrays["params"]
+        if self.flat is None:
+            try:
+                load_flat_parameters(self.model, params)
+            except ValueError:
+                self.dropped += 1
+                return False
+        elif params.shape == self.flat.shape and params.dtype == self.flat.dtype:
+            np.copyto(self.flat, params)
+        else:
             self.dropped += 1
             return False
         self.version = newest.version
@@ -90,7 +101,11 @@ class ExperienceSender:
 
 
 class EpisodeTracker:
-    """Running return and length of every env slot; finished episodes are kept until the next report."""
+    """Running return and length of every env slot; finished episodes are kept until the next report.
+
+    Fed a block of steps at a time (a chunk or a rollout), vectorized over it: per step it cost about as much as
+    everything else a collector adds to stepping its env.
+    """
 
     def __init__(self, n_envs: int):
         self.ep_return = np.zeros(n_envs, dtype=np.float64)
@@ -98,15 +113,33 @@ class EpisodeTracker:
         self.returns: list[float] = []
         self.lengths: list[int] = []
 
-    def step(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> None:
-        """Account one vector step (reset steps after an episode end are not `valid`)."""
-        self.ep_return += rewards * valid
-        self.ep_length += valid
-        if done.any():
-            self.returns.extend(self.ep_return[done].tolist())
-            self.lengths.extend(self.ep_length[done].tolist())
-            self.ep_return[done] = 0.0
-            self.ep_length[done] = 0
+    def steps(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> int:
+        """Account a [T, n_envs] block of steps (reset steps after an episode end are not `valid`); returns
+        the number of valid steps."""
+        if not len(done):
+            return 0
+        # Running return and length of each slot's episode, in float64 as a per-step sum would be.
+        ret = np.cumsum(rewards * valid, axis=0, dtype=np.float64) + self.ep_return
+        length = np.cumsum(valid, axis=0) + self.ep_length
+        env_idx, row_idx = np.nonzero(done.T)  # env-major, so an env's ends are adjacent and in time order
+        if len(env_idx):
+            ended_ret, ended_len = ret[row_idx, env_idx], length[row_idx, env_idx]
+            # The running sums do not restart at an end: subtract the value at the same env's previous end.
+            after_end = np.zeros(len(env_idx), dtype=bool)
+            after_end[1:] = env_idx[1:] == env_idx[:-1]
+            ep_ret = ended_ret - np.where(after_end, np.roll(ended_ret, 1), 0.0)
+            ep_len = ended_len - np.where(after_end, np.roll(ended_len, 1), 0)
+            order = np.argsort(row_idx, kind="stable")  # report in the order the episodes ended
+            self.returns.extend(ep_ret[order].tolist())
+            self.lengths.extend(ep_len[order].tolist())
+            ended = done.any(axis=0)
+            last_end = len(done) - 1 - np.argmax(done[::-1], axis=0)
+            cols = np.arange(done.shape[1])
+            self.ep_return = ret[-1] - np.where(ended, ret[last_end, cols], 0.0)
+            self.ep_length = length[-1] - np.where(ended, length[last_end, cols], 0)
+        else:
+            self.ep_return, self.ep_length = ret[-1], length[-1]
+        return int(valid.sum())
 
     def take(self) -> dict:
         """The finished episodes since the last call, as heartbeat fields."""
@@ -186,32 +219,30 @@ def run_transitions(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model
     print(f"{rc.name}: eps {eps.min():.4f}..{eps.max():.4f}", flush=True)
 
     obs, _ = env.reset(seed=rc.seed)
-    prev_done = np.zeros(n_envs, dtype=bool)
     ready: dict[str, np.ndarray] | None = None
+    next_poll = 0.0
     print(f"{rc.name}: first env step", flush=True)  # start-up is measured up to this line (bench/solve_cartpole.py)
-    while not stop:
-        if ready is not None and not sender.try_send(ready, weights.version):
-            # Every shard is full (rate limit): wait for room rather than step ahead with a stale policy.
-            sender.sock.poll(20, zmq.POLLOUT)
-            report()
-            continue
-        ready = None
-        weights.poll()
-        with torch.no_grad():
+    with torch.no_grad():
+        while not stop:
+            if ready is not None and not sender.try_send(ready, weights.version):
+                # Every shard is full (rate limit): wait for room rather than step ahead with a stale policy.
+                sender.sock.poll(20, zmq.POLLOUT)
+                report()
+                continue
+            ready = None
+            now = time.monotonic()
+            if now >= next_poll:
+                weights.poll()
+                report()
+                next_poll = now + POLL_S
             q = model(torch.from_numpy(obs))
-        actions = explore(q)
-        next_obs, rewards, terminated, truncated, _ = env.step(actions)
-        valid = ~prev_done  # NEXT_STEP autoreset: the step after an episode end is a reset, not a transition
-        # The acting Q-values also give each transition's initial priority (no second forward pass).
-        full = chunker.add(obs, actions, rewards, next_obs, terminated, truncated, valid, q=q.numpy())
-        done = terminated | truncated
-        episodes.step(rewards, done, valid)
-        prev_done = done
-        obs = next_obs
-        report.env_steps += int(valid.sum())
-        if full:
-            ready = chunker.take()
-        report()
+            actions = explore(q)
+            next_obs, rewards, terminated, truncated, _ = env.step(actions)
+            # The acting Q-values also give each transition's initial priority (no second forward pass).
+            if chunker.add(obs, actions, rewards, next_obs, terminated, truncated, q=q.numpy()):
+                report.env_steps += episodes.steps(*chunker.fresh_steps())
+                ready = chunker.take()
+            obs = next_obs
 
 
 def rollout_layout(T: int, info: SpaceInfo) -> dict[str, tuple[int, tuple[int, ...], np.dtype]]:
@@ -281,17 +312,15 @@ def run_rollouts(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, model: A
                 a["value"][t] = value.numpy()
                 # The Gaussian's sample is kept as drawn (its log-prob); the env gets it clipped to the bounds.
                 obs, rewards, terminated, truncated, _ = env.step(act_np if low is None else np.clip(act_np, low, high))
-                done = terminated | truncated
-                valid = ~prev_done
                 a["reward"][t] = rewards
                 a["terminated"][t] = terminated
-                a["done"][t] = done
-                a["valid"][t] = valid
-                episodes.step(rewards, done, valid)
-                prev_done = done
-                report.env_steps += int(valid.sum())
+                a["done"][t] = truncated  # | terminated, once for the whole rollout below
             a["obs"][buf.T] = obs
             a["value"][buf.T] = model.value(torch.from_numpy(obs)).numpy()
+        np.logical_or(a["done"], a["terminated"], out=a["done"])
+        a["valid"][:] = autoreset_valid(a["done"], prev_done)
+        prev_done = a["done"][-1].copy()
+        report.env_steps += episodes.steps(a["reward"], a["done"], a["valid"])
         if not sender.send_blocking(a, version, stop, report):
             break
         sent_version = version
