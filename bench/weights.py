@@ -1,26 +1,32 @@
 """Latency from the learner publishing weights to all 4 real collectors acting with them.
 
-Usage: python bench/weights.py [--quick] [--publishes N] [--only small|10m]
+Usage: python bench/weights.py [--quick] [--publishes N] [--only small|10m] [--diagnose]
 
-The bench binds the weights PUB socket as learner rank 0 does (`rlctl.wire`, CURVE, kind
-"weights", `version`, array "params" = flat float32 vector from `flat_parameters`) and
+The bench publishes as learner rank 0 does (`rlctl.weights.WeightPublisher`, CURVE) and
 starts 4 real collector processes (`python -m rlctl.roles.collector`) whose job has
 `send_batch = 1` and `n_step = 1`, so every env step's transitions leave at once, tagged
 with the collector's policy version (`msg.version`). The bench's PULL sink (where the
 replay shard would be) records, per collector (`msg.sender`), the first arrival of a
 batch with version >= v. Latency of version v = max over collectors of (that arrival -
-publish time). Publishes are spaced (the next one goes out once every collector acts with
-the previous one, plus a short random gap), so each one is measured alone.
+publish time, which includes flattening the parameters). Publishes are spaced (the next one
+goes out once every collector acts with the previous one, plus a short random gap), so each
+one is measured alone.
+
+Two paths, as a job deploys them: the headline is the local one (the collectors share learner
+rank 0's host and read a shared-memory weight board, RLCTL_WEIGHT_BOARD, as the plan
+arranges for a local job); beside it, the network one (the parameter vector over CURVE, as
+collectors on other hosts get it, here over loopback).
 
 Two networks: jobs/apex.toml's [model] (CartPole net) and a ~10M-parameter QNetwork.
 Targets: median <= 5 ms (small), <= 100 ms (10M).
 
-With --diagnose (or automatically on a miss) the same publishes go to 4 idle subscriber
-processes that PUSH the version back as soon as a message arrives: plain TCP, CURVE, and
-CURVE + load_flat_parameters, which splits the latency into transport, encryption,
-loading, and (the rest) the collectors' own loop and CPU scheduling.
+With --diagnose (or automatically on a miss of the network path) the same publishes go to 4
+idle subscriber processes that PUSH the version back as soon as a message arrives: plain
+TCP, CURVE, and CURVE + load_flat_parameters, which splits the network path's latency into
+transport, encryption, loading, and (the rest) the collectors' own loop and CPU scheduling.
 
-Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...} (medians).
+Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...,
+"latency_ms_small_network": ..., "latency_ms_10m_network": ...} (medians).
 """
 
 from __future__ import annotations
@@ -44,15 +50,14 @@ HIDDEN_10M = [3158, 3158]  # QNetwork(4 -> 3158 -> 3158 -> dueling 1 + 2) = 10,0
 TARGET_MS = {"small": 5.0, "10m": 100.0}
 
 
-def qnet_params(hidden: list[int], dueling: bool = True) -> "object":
-    """Flat float32 parameters of a fresh CartPole QNetwork with these hidden widths."""
+def qnet(hidden: list[int], dueling: bool = True) -> "object":
+    """A fresh CartPole QNetwork with these hidden widths (what learner rank 0 would publish)."""
     import torch
 
-    from rlctl.models import QNetwork, flat_parameters
+    from rlctl.models import QNetwork
 
     torch.manual_seed(0)
-    net = QNetwork((4,), 2, hidden, "relu", dueling)
-    return flat_parameters(net).numpy()
+    return QNetwork((4,), 2, hidden, "relu", dueling)
 
 
 class Sink:
@@ -135,9 +140,18 @@ def child_echo() -> None:
 
 
 def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, float], timeout_s: float,
-             tmp, echo: str | None = None) -> dict:
-    """Publish `publishes` times to 4 collectors (or, with `echo`, to 4 diagnostic subscribers) and time them."""
-    params = qnet_params(hidden)
+             tmp, echo: str | None = None, board: bool = True) -> dict:
+    """Publish `publishes` times to 4 collectors (or, with `echo`, to 4 diagnostic subscribers) and time them.
+
+    With `board` the collectors share learner rank 0's host as in a local job (RLCTL_WEIGHT_BOARD: shared memory);
+    without, they subscribe to the parameter vector over CURVE as collectors on other hosts do.
+    """
+    from rlctl.models import flat_parameters
+    from rlctl.remote import weight_board_file
+    from rlctl.weights import WeightPublisher
+
+    model = qnet(hidden)
+    params = flat_parameters(model).numpy()
     job_path = H.write_job(tmp, {"model": {"hidden": hidden}, "topology": {"collectors": N_COLLECTORS},
                                  "algorithm": {"send_batch": 1, "n_step": 1}},
                            name=f"weights-{label}.toml")
@@ -151,8 +165,12 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         pub.setsockopt(zmq.LINGER, 0)
         pub.bind(endpoints["weights"])
         sink = Sink(net, endpoints["replay"][0]["experience"], curve=False)
+    elif echo:
+        pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)
+        sink = Sink(net, endpoints["replay"][0]["experience"])
     else:
-        pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)  # as learner rank 0
+        board_file = weight_board_file(f"bench-{label}-{os.getpid()}") if board else None  # where the plan puts it
+        publisher = WeightPublisher(net, endpoints["weights"], "learner-0", board_file)  # as learner rank 0
         sink = Sink(net, endpoints["replay"][0]["experience"])
     names = [f"collector-{r}" for r in range(N_COLLECTORS)]
     procs = []
@@ -162,7 +180,10 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         nonlocal version
         version += 1
         t = time.perf_counter()
-        wire.send(pub, "weights", "learner-0", version, None, {"params": params})
+        if echo:
+            wire.send(pub, "weights", "learner-0", version, None, {"params": params})
+        else:
+            publisher.publish(version, model)  # flattening the parameters counts, as on the learner
         return t
 
     def wait_all(v: int, deadline: float) -> bool:
@@ -178,8 +199,9 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
                             H.role_env("collector", r, job_path, endpoints, keys, "bench-echo",
                                        extra={"RLCTL_BENCH_ECHO": echo}), tmp) for r in range(N_COLLECTORS)]
         else:
-            procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp)
-                     for r in range(N_COLLECTORS)]
+            extra = {"RLCTL_WEIGHT_BOARD": board_file} if board_file else None
+            procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
+                                  extra_env=extra) for r in range(N_COLLECTORS)]
             control.wait_hello(names, 120, procs)
         # Subscriptions propagate asynchronously (slow joiner): republish until every collector acts with one.
         deadline = time.perf_counter() + 120
@@ -218,6 +240,8 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
                 "sink_messages": sink.messages, "sink_max_drain": sink.max_drain}
     finally:
         H.stop_all(procs)
+        if not echo:
+            publisher.close()
         control.close()
         net.close()
 
@@ -238,36 +262,45 @@ def main() -> None:
              ("10m", HIDDEN_10M, args.publishes or (8 if args.quick else 30), (0.05, 0.15), 20.0)]
     if args.only:
         cases = [c for c in cases if c[0] == args.only]
-    print(f"weights bench: {N_COLLECTORS} collectors (send_batch 1, n_step 1, 8 envs each), loopback, CURVE; "
+    print(f"weights bench: {N_COLLECTORS} collectors (send_batch 1, n_step 1, 8 envs each), CURVE over loopback; "
           f"{os.cpu_count()} CPUs (shared)")
     out = {}
     with H.TempDir() as tmp:
         for label, hidden, n_pub, gap, timeout in cases:
-            r = run_case(label, hidden, n_pub, gap, timeout, tmp)
-            out[label] = r
-            target = TARGET_MS[label]
-            print(f"  {label:5s} hidden {hidden}: {r['params']:,} parameters ({r['mbytes']:.2f} MB float32)")
-            print(f"        latency over {len(r['latencies_ms'])} publishes: median {r['median_ms']:.2f} ms, "
-                  f"p90 {r['p90_ms']:.2f} ms (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}); lost {r['lost']}")
-            print("        per-collector medians: " + ", ".join(f"{n} {v:.2f}" for n, v in
-                                                             r["per_collector_median_ms"].items()) + " ms")
-            print(f"        target median <= {target:g} ms: {H.verdict(r['median_ms'], target, higher_is_better=False)}"
-                  f"   (sink read {r['sink_messages']} batches, at most {r['sink_max_drain']} per wake-up)")
-            if args.diagnose or not r["median_ms"] <= target:
+            print(f"  {label:5s} hidden {hidden}:")
+            for path in ("local", "network"):
+                r = run_case(label, hidden, n_pub, gap, timeout, tmp, board=path == "local")
+                out[label if path == "local" else f"{label}_network"] = r
+                target = TARGET_MS[label]
+                how = ("shared-memory board, as on learner rank 0's host" if path == "local"
+                       else "parameter vector over CURVE, as to other hosts")
+                print(f"    {path} ({how}): {r['params']:,} parameters ({r['mbytes']:.2f} MB float32)")
+                print(f"        latency over {len(r['latencies_ms'])} publishes: median {r['median_ms']:.2f} ms, "
+                      f"p90 {r['p90_ms']:.2f} ms (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}); lost {r['lost']}")
+                print("        per-collector medians: " + ", ".join(f"{n} {v:.2f}" for n, v in
+                                                                 r["per_collector_median_ms"].items()) + " ms")
+                print(f"        target median <= {target:g} ms: "
+                      f"{H.verdict(r['median_ms'], target, higher_is_better=False)}"
+                      f"   (sink read {r['sink_messages']} batches, at most {r['sink_max_drain']} per wake-up)")
+            r = out[f"{label}_network"]
+            if args.diagnose or not r["median_ms"] <= TARGET_MS[label]:
                 n_diag = max(5, n_pub // 4)
-                print(f"        breakdown ({n_diag} publishes each, 4 idle subscriber processes that PUSH the version "
-                      f"back at once):")
+                print(f"        network path breakdown ({n_diag} publishes each, 4 idle subscriber processes that "
+                      f"PUSH the version back at once):")
                 for echo, what in (("plain", "transport, plain TCP (no CURVE)"),
                                    ("recv", "transport, CURVE (as deployed)"),
                                    ("load", "transport, CURVE + load_flat_parameters")):
                     d = run_case(label, hidden, n_diag, gap, timeout, tmp, echo=echo)
                     r.setdefault("breakdown_ms", {})[echo] = d["median_ms"]
                     print(f"          {what:42s} median {d['median_ms']:8.2f} ms, p90 {d['p90_ms']:8.2f} ms")
+    def figure(key: str, field: str):
+        return round(out[key][field], 3) if key in out else None
+
     H.emit_json({"bench": "weights",
-                 "latency_ms_small": round(out["small"]["median_ms"], 3) if "small" in out else None,
-                 "latency_ms_10m": round(out["10m"]["median_ms"], 3) if "10m" in out else None,
-                 "p90_ms_small": round(out["small"]["p90_ms"], 3) if "small" in out else None,
-                 "p90_ms_10m": round(out["10m"]["p90_ms"], 3) if "10m" in out else None,
+                 "latency_ms_small": figure("small", "median_ms"), "latency_ms_10m": figure("10m", "median_ms"),
+                 "latency_ms_small_network": figure("small_network", "median_ms"),
+                 "latency_ms_10m_network": figure("10m_network", "median_ms"),
+                 "p90_ms_small": figure("small", "p90_ms"), "p90_ms_10m": figure("10m", "p90_ms"),
                  "params_10m": out["10m"]["params"] if "10m" in out else None,
                  **{f"breakdown_ms_{k}": {e: round(v, 3) for e, v in r["breakdown_ms"].items()}
                     for k, r in out.items() if "breakdown_ms" in r}})

@@ -12,7 +12,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
-from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir
+from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
 from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
 
 SECRET_MASK = "********"
@@ -163,11 +163,15 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         "OMP_NUM_THREADS": "1",
     }
     procs: list[ProcessSpec] = []
+    # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.weights), when there are any.
+    board = weight_board_file(run_id) if head.collectors or head.evaluator else None
 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
         name = f"{role}-{rank}"
         env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
                "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":"))}
+        if board and h is head and role in ("learner", "collector", "evaluator"):
+            env["RLCTL_WEIGHT_BOARD"] = board
         if not all_local:
             env["RLCTL_ADVERTISE"] = addr(h)  # learners pick the network interface for gloo/nccl from it
         if not h.is_local:

@@ -46,6 +46,19 @@ def remote_checkpoint_dir(run_id: str) -> str:
     return f"{remote_run_dir(run_id)}/checkpoints"
 
 
+def weight_board_file(run_id: str) -> str:
+    """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.weights)."""
+    return f"/dev/shm/rlctl-{run_id}-weights"
+
+
+def remove_weight_board(run_id: str) -> None:
+    """Remove the run's weight board on this host, if a learner that was killed left it behind."""
+    try:
+        os.unlink(weight_board_file(run_id))
+    except FileNotFoundError:
+        pass
+
+
 class SessionInput:
     """Lines from the session's stdin (unbuffered fd reads, so a timeout can be put on waiting for the next one)."""
 
@@ -209,6 +222,8 @@ def command_sweep(run_id: str, kill: bool) -> int:
         while time.monotonic() < deadline and run_processes(run_id):
             time.sleep(0.05)
         left = run_processes(run_id)
+    if kill and not left:
+        remove_weight_board(run_id)
     print(json.dumps({"hostname": socket.gethostname(), "left": left, "killed": killed}))
     return 0
 

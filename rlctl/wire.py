@@ -57,6 +57,11 @@ def encode(kind: str, sender: str = "", version: int = 0, meta: dict | None = No
     return [header, *buffers]
 
 
+def kind_prefix(kind: str) -> bytes:
+    """The leading bytes of every header of this kind: a SUB socket subscribed to them receives only this kind."""
+    return b"\x85" + msgpack.packb("k") + msgpack.packb(kind)  # encode packs a 5-key map, "k" first
+
+
 def decode(frames: list) -> Message:
     """Parse and validate frames (bytes or zmq.Frame); arrays are read-only views of the frames."""
     if not frames:

@@ -501,3 +501,16 @@ def test_cli_plan_bad_job(tmp_path):
     proc = rlctl("plan", str(job))
     assert proc.returncode == 2
     assert "replay.alhpa" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
+    board = f"/dev/shm/rlctl-{RUN_ID}-weights"
+    local = by_name(plan_of(load_job(APEX)))
+    assert {n for n, x in local.items() if x.env.get("RLCTL_WEIGHT_BOARD") == board} == {
+        n for n in local if not n.startswith("replay")}  # learner, evaluator and collectors; shards take no weights
+    multi = by_name(plan_of(remote_spec))
+    # The head holds learner rank 0 and the evaluator; collectors elsewhere get weights over the network.
+    assert {n for n, x in multi.items() if "RLCTL_WEIGHT_BOARD" in x.env} == {"learner-0", "evaluator-0"}
+    no_local_subscriber = remote_spec.model_copy(update={"hosts": [
+        h.model_copy(update={"evaluator": False}) for h in remote_spec.hosts]})
+    assert not any("RLCTL_WEIGHT_BOARD" in x.env for x in plan_of(no_local_subscriber).processes)

@@ -19,9 +19,10 @@ import zmq
 from rlctl import wire
 from rlctl.algos.apex import ChunkedNStep, EpsilonGreedy, epsilon_ladder
 from rlctl.envs import SpaceInfo, autoreset_valid, env_space_info, make_vec_env
-from rlctl.models import ActorCritic, build_policy, load_flat_parameters, share_flat_storage
+from rlctl.models import ActorCritic, build_policy
 from rlctl.spec import OFF_POLICY, SYNCHRONOUS
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.weights import WeightSubscriber
 
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
@@ -30,44 +31,6 @@ EPISODE_REPORT_S = 0.1
 # microseconds, a tenth of a CartPole collector's whole step.
 POLL_S = 0.001
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
-
-
-class WeightSubscriber:
-    """SUB socket on the learner's weight publications; keeps only the newest, never blocks."""
-
-    def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module):
-        self.sock = net.client(zmq.SUB, endpoint, subscribe=b"", rcvhwm=2)
-        self.model = model
-        self.flat = share_flat_storage(model)  # None: load parameter by parameter
-        self.version = -1
-        self.dropped = 0
-
-    def poll(self) -> bool:
-        """Load the newest weights that have arrived, if any; True when the policy changed."""
-        if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the usual case: nothing arrived
-            return False
-        newest = None
-        for _, msg in wire.receive_waiting(self.sock):
-            if msg is None:
-                self.dropped += 1
-            elif msg.kind == "weights" and "params" in msg.arrays:
-                newest = msg
-        if newest is None or newest.version <= self.version:
-            return False
-        params = newest.arrays["params"]
-        if self.flat is None:
-            try:
-                load_flat_parameters(self.model, params)
-            except ValueError:
-                self.dropped += 1
-                return False
-        elif params.shape == self.flat.shape and params.dtype == self.flat.dtype:
-            np.copyto(self.flat, params)
-        else:
-            self.dropped += 1
-            return False
-        self.version = newest.version
-        return True
 
 
 class ExperienceSender:
@@ -188,8 +151,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     info = env_space_info(env)
     model = build_policy(rc.job, info)
     model.eval()
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model)
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
+          f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
           f"pid {os.getpid()}", flush=True)
     try:
         if rc.job.algorithm.name in OFF_POLICY:

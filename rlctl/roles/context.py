@@ -31,6 +31,7 @@ class RoleContext:
     binds: dict
     world_size: int = 1
     local_rank: int = 0
+    weight_board: str | None = None  # on learner rank 0's host: weights travel through this shared-memory file
 
     @classmethod
     def from_env(cls) -> "RoleContext":
@@ -47,6 +48,7 @@ class RoleContext:
             checkpoint_dir=env.get("RLCTL_CHECKPOINT_DIR", ""), keys=wire.CurveKeys.from_env(),
             binds=json.loads(env.get("RLCTL_BINDS", "{}")),
             world_size=int(env.get("WORLD_SIZE", "1")), local_rank=int(env.get("LOCAL_RANK", "0")),
+            weight_board=_weight_board(env.get("RLCTL_WEIGHT_BOARD")),
         )
 
     @property
@@ -58,6 +60,12 @@ class RoleContext:
     def seed(self) -> int:
         """This process's seed, derived from the job seed so processes differ but runs repeat."""
         return self.job.job.seed * 1000 + {"learner": 0, "replay": 100, "collector": 200, "evaluator": 900}[self.role] + self.rank
+
+
+def _weight_board(path: str | None) -> str | None:
+    """The plan's weight board file, if this host has its directory (/dev/shm: Linux); else weights come over
+    the network, for the learner and its subscribers alike, since they share the host."""
+    return path if path and os.path.isdir(os.path.dirname(path)) else None
 
 
 class StopFlag:

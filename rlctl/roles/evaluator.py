@@ -14,8 +14,8 @@ import torch
 from rlctl import wire
 from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
 from rlctl.models import build_policy
-from rlctl.roles.collector import WeightSubscriber
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.weights import WeightSubscriber
 from rlctl.checkpoint import save_checkpoint
 from rlctl.spec import EnvSpec, resolved_dict
 
@@ -59,7 +59,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     info = probe_space_info(job.env)
     model = build_policy(job, info)
     model.eval()
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model)
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
     target = job.job.stop.eval_return
     streak = 0  # consecutive rounds at or above the stop target

@@ -22,12 +22,13 @@ from rlctl import wire
 from rlctl.algos.apex import targets_from_q, td_loss
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import probe_space_info
-from rlctl.models import build_policy, flat_parameters, parameter_digest
+from rlctl.models import build_policy, parameter_digest
 from rlctl.netif import pin_collective_interface
 from rlctl.optim import build_optimizer, optimizer_step
 from rlctl.roles import rollout_learner
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.spec import OFF_POLICY, resolved_dict
+from rlctl.weights import WeightPublisher
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "keys", "weights")
 
@@ -108,12 +109,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     endpoints = rc.endpoints["replay"]
     stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
                           algo.batch_size, algo.prefetch, rc.name)
-    pub = net.server(zmq.PUB, rc.binds["weights"], sndhwm=2) if rank == 0 else None
+    pub = WeightPublisher(net, rc.binds["weights"], rc.name, rc.weight_board) if rank == 0 else None
     version = 0
 
     def publish() -> None:
-        flat = flat_parameters(online).cpu().numpy()
-        wire.send(pub, "weights", rc.name, version, None, {"params": flat})
+        pub.publish(version, online)
 
     def checkpoint() -> None:
         payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
@@ -204,6 +204,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         "rank": rank, "learner/updates": updates, "learner/version": version,
         "learner/param_digest": parameter_digest(online), "learner/final": 1}})
     print(f"{rc.name}: stopped after {updates} updates; parameter digest {parameter_digest(online)[:16]}", flush=True)
+    if pub is not None:
+        pub.close()
     net.close()
     dist.destroy_process_group()
 

@@ -24,11 +24,12 @@ from rlctl import wire
 from rlctl.algos.onpolicy import gae, impala_loss, ppo_loss, vtrace
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import SpaceInfo, probe_space_info
-from rlctl.models import ActorCritic, build_policy, flat_parameters, parameter_digest
+from rlctl.models import ActorCritic, build_policy, parameter_digest
 from rlctl.optim import build_optimizer, optimizer_step
 from rlctl.roles.collector import ROLLOUT_SOCKET_BUFFER, rollout_layout
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag
 from rlctl.spec import SYNCHRONOUS, resolved_dict
+from rlctl.weights import WeightPublisher
 
 # While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
 # before a subscription completes): soon at first, then backing off to once a second.
@@ -198,7 +199,7 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
     inbox = RolloutInbox(net, rc.binds[f"rollouts-{rank}"], info, algo.rollout_len)
-    pub = net.server(zmq.PUB, rc.binds["weights"], sndhwm=2) if rank == 0 else None
+    pub = WeightPublisher(net, rc.binds["weights"], rc.name, rc.weight_board) if rank == 0 else None
     mine = {c for c in range(job.collector_count) if c % world == rank}
     version, saves, stale = 0, 0, 0
     chain = ""  # hash chain of this rank's parameter digests after every version (compared across ranks)
@@ -207,7 +208,7 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
     def publish(again: bool = False) -> None:
         nonlocal last_publish, republish_s
         if pub is not None:
-            wire.send(pub, "weights", rc.name, version, None, {"params": flat_parameters(online).cpu().numpy()})
+            pub.publish(version, online)
             last_publish = time.monotonic()
             republish_s = min(2 * republish_s, REPUBLISH_MAX_S) if again else REPUBLISH_FIRST_S
 
@@ -309,4 +310,6 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
         "rank": rank, "learner/updates": version, "learner/version": version, "learner/rollouts_dropped": stale,
         "learner/param_digest": parameter_digest(online), "learner/digest_chain": chain, "learner/final": 1}})
     print(f"{rc.name}: stopped at version {version}; parameter digest {parameter_digest(online)[:16]}", flush=True)
+    if pub is not None:
+        pub.close()
     net.close()

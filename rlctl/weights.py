@@ -1,0 +1,208 @@
+"""Policy weights from learner rank 0 to collectors and evaluators: over the network, or through shared memory.
+
+Learner rank 0 publishes each new version in one or both of two forms, on one XPUB socket:
+
+* "weights": the flat float32 parameter vector, for subscribers on other hosts;
+* "weights-shared": a small notice naming version and slot of a `WeightBoard`, a two-slot file in /dev/shm that
+  the learner writes each version into (the slot it did not write last), for subscribers on its own host.
+
+The plan names the board's file (RLCTL_WEIGHT_BOARD) for the processes on learner rank 0's host when any of them
+subscribes; a host without /dev/shm uses the network for everyone. Subscribers subscribe to the leading header
+bytes of one kind (`wire.kind_prefix`), and the publisher produces a form only while someone subscribes to it
+(XPUB reports subscriptions). For a 10M-parameter net and 4 local collectors this replaces 4 x 40 MB of CURVE
+encryption, TCP and decryption (about 0.4 s on 2 cores) with one 40 MB write and one 40 MB copy per reader.
+
+A slot's header holds the version its payload is (-1 while being written). A reader checks it before and after
+copying and drops a copy that the writer overtook (possible only once two newer versions were published during
+the copy); the next notice brings a newer version.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import torch
+import zmq
+
+from rlctl import wire
+from rlctl.models import flat_parameters, load_flat_parameters, share_flat_storage
+
+FULL, NOTICE = "weights", "weights-shared"
+_HEADER = 64  # bytes before each slot's payload: int64 version, int64 element count; keeps payloads aligned
+
+
+class WeightBoard:
+    """A two-slot shared-memory file of float32 parameter vectors, each slot tagged with its version."""
+
+    def __init__(self, path: str, size: int, writable: bool):
+        self.path, self.size = path, size
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC if writable else os.O_RDONLY
+        fd = os.open(path, flags, 0o600)
+        try:
+            slot_bytes = _HEADER + -(-size * 4 // _HEADER) * _HEADER
+            if writable:
+                os.ftruncate(fd, 2 * slot_bytes)
+            elif os.fstat(fd).st_size != 2 * slot_bytes:
+                raise ValueError(f"{path}: sized for another parameter count")
+            self._map = mmap.mmap(fd, 2 * slot_bytes, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        finally:
+            os.close(fd)
+        self.headers = [np.ndarray((2,), np.int64, self._map, k * slot_bytes) for k in range(2)]
+        self.payloads = [np.ndarray((size,), np.float32, self._map, k * slot_bytes + _HEADER) for k in range(2)]
+        if writable:
+            for header in self.headers:
+                header[:] = (-1, size)
+        elif any(header[1] != size for header in self.headers):
+            raise ValueError(f"{path}: holds {self.headers[0][1]} parameters, not {size}")
+
+    @classmethod
+    def create(cls, path: str, size: int) -> "WeightBoard":
+        """A new board for `size` parameters (replacing any file at `path`)."""
+        return cls(path, size, writable=True)
+
+    @classmethod
+    def open(cls, path: str, size: int) -> "WeightBoard":
+        """An existing board, read-only; ValueError if it holds another parameter count, OSError if missing."""
+        return cls(path, size, writable=False)
+
+    def write(self, slot: int, version: int, params) -> None:
+        """Store parameters (tensors, in flat_parameters order) as `version` in `slot`, copied straight in;
+        readers of that slot see -1 until it is complete."""
+        header, payload = self.headers[slot], self.payloads[slot]
+        header[0] = -1
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                n = p.numel()
+                payload[offset:offset + n] = p.detach().reshape(-1).to("cpu", torch.float32).numpy()
+                offset += n
+        header[0] = version
+
+    def read(self, slot: int, version: int, out: np.ndarray) -> bool:
+        """Copy `version` from `slot` into `out`; False if the slot holds another version, before or after.
+
+        After a False from the second check `out` holds a mix of two recent versions; the caller keeps its old
+        version number, and the next notice replaces the mix (the writer overtaking a copy takes two newer
+        publications within it: tens of milliseconds of copying, at the least, for a large net).
+        """
+        header = self.headers[slot]
+        if header[0] != version:
+            return False
+        np.copyto(out, self.payloads[slot])
+        return header[0] == version
+
+
+class WeightPublisher:
+    """Learner rank 0's side: an XPUB socket, and a board when subscribers may share this host.
+
+    XPUB reports which prefixes are subscribed, so each form is produced only while someone reads it: no vector
+    is flattened for the network when every subscriber reads the board, and the board is written only for them.
+    """
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, sender: str, board: str | None = None):
+        self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2)
+        self.sender, self.board_file = sender, board
+        self.board: WeightBoard | None = None
+        self.topics: set[bytes] = set()
+        self.written = -1  # version in the board's newest slot
+        self.slot = 1
+
+    def wanted(self, kind: str) -> bool:
+        """Whether any subscription matches messages of this kind (b"" matches every message)."""
+        while True:
+            try:
+                event = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event[:1] == b"\x01":
+                self.topics.add(event[1:])
+            elif event[:1] == b"\x00":
+                self.topics.discard(event[1:])
+        prefix = wire.kind_prefix(kind)
+        return any(prefix.startswith(topic) for topic in self.topics)
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """Send `version` of the model's parameters: a notice for board readers, the vector for everyone else."""
+        if self.board_file is not None and self.wanted(NOTICE):
+            if self.board is None:
+                self.board = WeightBoard.create(self.board_file, sum(p.numel() for p in model.parameters()))
+            if version != self.written:  # a re-publication of the same version rewrites nothing
+                self.slot ^= 1
+                self.board.write(self.slot, version, model.parameters())
+                self.written = version
+            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot})
+        if self.wanted(FULL):
+            wire.send(self.sock, FULL, self.sender, version, None, {"params": flat_parameters(model).cpu().numpy()})
+
+    def close(self) -> None:
+        """Remove the board's file (readers that mapped it keep their mapping)."""
+        if self.board is not None:
+            try:
+                os.unlink(self.board.path)
+            except FileNotFoundError:
+                pass
+
+
+class WeightSubscriber:
+    """SUB socket on the learner's weight publications; keeps only the newest, never blocks.
+
+    With `board` (the board's path on this host) it subscribes to notices only and copies from the board.
+    """
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module, board: str | None = None):
+        self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2)
+        self.model = model
+        self.flat = share_flat_storage(model)  # None: load parameter by parameter
+        self.board_file = board
+        self.board: WeightBoard | None = None
+        self.version = -1
+        self.dropped = 0
+
+    def poll(self) -> bool:
+        """Load the newest weights that have arrived, if any; True when the policy changed."""
+        if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the usual case: nothing arrived
+            return False
+        newest = None
+        for _, msg in wire.receive_waiting(self.sock):
+            if msg is None or msg.kind not in (FULL, NOTICE):
+                self.dropped += 1
+            else:
+                newest = msg
+        if newest is None or newest.version <= self.version:
+            return False
+        if not (self._load_shared(newest) if newest.kind == NOTICE else self._load(newest.arrays.get("params"))):
+            self.dropped += 1
+            return False
+        self.version = newest.version
+        return True
+
+    def _load(self, params: np.ndarray | None) -> bool:
+        if params is None:
+            return False
+        if self.flat is None:
+            try:
+                load_flat_parameters(self.model, params)
+            except ValueError:
+                return False
+            return True
+        if params.shape != self.flat.shape or params.dtype != self.flat.dtype:
+            return False
+        np.copyto(self.flat, params)
+        return True
+
+    def _load_shared(self, msg: wire.Message) -> bool:
+        slot = msg.meta.get("slot")
+        if self.board_file is None or slot not in (0, 1):
+            return False
+        size = sum(p.numel() for p in self.model.parameters())
+        if self.board is None:
+            try:
+                self.board = WeightBoard.open(self.board_file, size)
+            except (OSError, ValueError):
+                return False
+        if self.flat is not None:
+            return self.board.read(slot, msg.version, self.flat)
+        scratch = np.empty(size, dtype=np.float32)
+        return self.board.read(slot, msg.version, scratch) and self._load(scratch)
