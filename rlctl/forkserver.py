@@ -226,3 +226,5 @@ def serve(sock: socket.socket) -> None:
 
 if __name__ == "__main__":
     serve(socket.socket(fileno=int(os.environ.pop(FD_ENV))))
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: unloading torch took 0.6 s of every run's stop

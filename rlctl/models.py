@@ -156,7 +156,9 @@ class ActorCritic(nn.Module):
             self.critic_head = nn.Linear(self.critic_body.out_dim, 1)
         # Orthogonal init as CleanRL and SB3 use for PPO: sqrt(2) gain in the trunks, a small last policy layer
         # (the first policy is near uniform / near zero mean).
-        for body in {self.actor_body, self.critic_body}:
+        # dict.fromkeys, not a set: a set of modules iterates in address order, which made the initial
+        # parameters (and with them a whole run) differ between runs of the same seed.
+        for body in dict.fromkeys((self.actor_body, self.critic_body)):
             for layer in body.modules():
                 if isinstance(layer, (nn.Linear, nn.Conv2d)):
                     nn.init.orthogonal_(layer.weight, math.sqrt(2))

@@ -163,3 +163,15 @@ def test_conv_encoder_takes_hwc_and_chw_images(shape):
     (head.sum() + value.sum()).backward()
     assert all(p.grad is not None for p in net.parameters())
     assert math.isfinite(float(head.detach().sum()))
+
+
+def test_actor_critic_initialisation_repeats_with_the_seed():
+    # A set of the two trunks was initialised in address order: the same seed gave one of two initial networks.
+    from rlctl.models import ActorCritic, parameter_digest
+
+    digests, alive = set(), []
+    for _ in range(30):
+        torch.manual_seed(3)
+        alive.append(ActorCritic((4,), n_actions=2, hidden=(16, 16)))  # kept alive: fresh addresses each time
+        digests.add(parameter_digest(alive[-1]))
+    assert len(digests) == 1
