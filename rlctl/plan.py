@@ -193,7 +193,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         argv = ["{python}", "-m", "rlctl.torchrun",
                 "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(node_procs[node]),
                 "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
-                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.02",
                 "--start-method", "fork",
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",

@@ -544,7 +544,7 @@ class Supervisor:
                 for h in group:
                     h.signal_group(signal.SIGKILL)
             self._ping_sessions()
-            self._drain_control(50)  # final heartbeats (checkpoint, parameter digests) arrive now
+            self._drain_control(10)  # final heartbeats (checkpoint, parameter digests) arrive now
 
 
 def supervise_rundir(path: str, display=None) -> int:

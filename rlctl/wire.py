@@ -188,10 +188,19 @@ HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE
 class HandshakeWatch(threading.Thread):
     """Counts refused handshakes (wrong server key, unknown client key) on one server socket's monitor."""
 
-    def __init__(self, monitor: zmq.Socket, stop: threading.Event):
+    def __init__(self, sock: zmq.Socket, stop: threading.Event):
         super().__init__(daemon=True)
-        self.monitor, self.stop_event = monitor, stop
+        self.sock, self.stop_event = sock, stop
+        # MONITOR_STOPPED too: disabling the monitor then wakes the thread (see wake).
+        self.monitor = sock.get_monitor_socket(HANDSHAKE_FAILURES | zmq.EVENT_MONITOR_STOPPED)
         self.refused = 0
+
+    def wake(self) -> None:
+        """End the monitor now (its last event wakes the thread), rather than at the next poll timeout."""
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass  # the socket is closed already
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -226,7 +235,7 @@ class SecureContext:
         sock.curve_secretkey = self.keys.server_secret
         sock.curve_publickey = self.keys.server_public
         _apply(sock, opts)
-        watch = HandshakeWatch(sock.get_monitor_socket(HANDSHAKE_FAILURES), self._stop)
+        watch = HandshakeWatch(sock, self._stop)
         watch.start()
         self._watches.append(watch)
         sock.bind(endpoint)
@@ -251,6 +260,8 @@ class SecureContext:
     def close(self) -> None:
         """Stop helper threads and close every socket, each with its own linger (control flushes its last heartbeat)."""
         self._stop.set()
+        for w in self._watches:
+            w.wake()
         for w in self._watches:
             w.join(timeout=1)
         if self._auth is not None:
