@@ -102,26 +102,40 @@ class WeightPublisher:
     """
 
     def __init__(self, net: wire.SecureContext, endpoint: str, sender: str, board: str | None = None):
-        self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2)
+        # Verbose: every subscription is reported, not only a prefix's first, so each newcomer can be welcomed.
+        self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2, xpub_verbose=1)
         self.sender, self.board_file = sender, board
         self.board: WeightBoard | None = None
         self.topics: set[bytes] = set()
+        self.joins = 0
         self.written = -1  # version in the board's newest slot
         self.slot = 1
 
-    def wanted(self, kind: str) -> bool:
-        """Whether any subscription matches messages of this kind (b"" matches every message)."""
+    def _read_subscriptions(self) -> None:
         while True:
             try:
                 event = self.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                break
+                return
             if event[:1] == b"\x01":
                 self.topics.add(event[1:])
-            elif event[:1] == b"\x00":
+                self.joins += 1
+            elif event[:1] == b"\x00":  # sent once the last subscriber of that prefix has gone
                 self.topics.discard(event[1:])
+
+    def wanted(self, kind: str) -> bool:
+        """Whether any subscription matches messages of this kind (b"" matches every message)."""
+        self._read_subscriptions()
         prefix = wire.kind_prefix(kind)
         return any(prefix.startswith(topic) for topic in self.topics)
+
+    def joined(self) -> bool:
+        """Whether a subscriber arrived since the last call: it missed what was published before, so the caller
+        publishes the current version again at once (a collector starting after the learner waited up to 0.2 s
+        for the next timed re-publication)."""
+        self._read_subscriptions()
+        joins, self.joins = self.joins, 0
+        return joins > 0
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """Send `version` of the model's parameters: a notice for board readers, the vector for everyone else."""

@@ -122,6 +122,13 @@ def test_publisher_makes_only_the_forms_someone_subscribes_to(tmp_path):
         while not pub.wanted(NOTICE) and time.time() < deadline:
             time.sleep(0.01)
         assert pub.wanted(NOTICE) and not pub.wanted(FULL)  # every subscriber reads the board: no vector is sent
+        assert pub.joined() and not pub.joined()  # one newcomer, reported once
+        second = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)), str(tmp_path / "b"))
+        deadline = time.time() + 10
+        while not pub.joined() and time.time() < deadline:  # the same prefix again is still a newcomer
+            time.sleep(0.01)
+        assert time.time() < deadline
+        second.sock.close(linger=0)
         local.sock.close(linger=0)
         deadline = time.time() + 10
         while pub.wanted(NOTICE) and time.time() < deadline:

@@ -145,6 +145,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         batch = None
         while batch is None:
             batch = stream.next(100)
+            if batch is None and pub is not None and pub.joined():
+                publish()  # a subscriber that just joined acts with the learner's current weights at once
             if batch is None and control.due():
                 control.heartbeat({"rank": rank, "learner/updates": updates, "learner/waiting": 1})
             if batch is None and world == 1 and (stop or control.stop_requested()):

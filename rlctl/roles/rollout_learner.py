@@ -213,8 +213,9 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             republish_s = min(2 * republish_s, REPUBLISH_MAX_S) if again else REPUBLISH_FIRST_S
 
     def republish_if_due() -> None:
-        """While waiting: send the current weights again for subscribers that joined late."""
-        if time.monotonic() - last_publish >= republish_s:
+        """While waiting: send the current weights again to subscribers that just joined, and now and then in
+        case a subscription is still on its way."""
+        if pub is not None and (pub.joined() or time.monotonic() - last_publish >= republish_s):
             publish(again=True)
 
     def checkpoint() -> None:
@@ -222,6 +223,11 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
                    "model": online.state_dict(), "optimizer": learner.opt.state_dict(), "updates": version,
                    "version": version, "time": time.time()}
         save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
+
+    waiting = zmq.Poller()
+    for sock in (inbox.sock, pub.sock if pub is not None else None):
+        if sock is not None:
+            waiting.register(sock, zmq.POLLIN)
 
     def gather() -> list[wire.Message] | None:
         """This version's batch: PPO one current rollout per own collector; else enough within the lag bound."""
@@ -233,7 +239,8 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
                 stop.requested = True
                 return None
             need = len(mine) - len(got) if synchronous else algo.rollouts_per_batch - len(batch)
-            for msg in inbox.receive(50, max(need, 1)):
+            waiting.poll(50)  # rollouts, or (rank 0) a new subscriber to welcome with the current weights
+            for msg in inbox.receive(0, max(need, 1)):
                 lag = version - msg.version
                 c = collector_index(msg.sender)
                 if synchronous:
