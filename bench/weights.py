@@ -169,7 +169,7 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)
         sink = Sink(net, endpoints["replay"][0]["experience"])
     else:
-        board_file = weight_board_file(f"bench-{label}-{os.getpid()}") if board else None  # where the plan puts it
+        board_file = weight_board_file(f"bench-{label}", str(tmp)) if board else None  # where the plan puts it
         publisher = WeightPublisher(net, endpoints["weights"], "learner-0", board_file)  # as learner rank 0
         sink = Sink(net, endpoints["replay"][0]["experience"])
     names = [f"collector-{r}" for r in range(N_COLLECTORS)]

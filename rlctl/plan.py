@@ -164,7 +164,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     }
     procs: list[ProcessSpec] = []
     # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.weights), when there are any.
-    board = weight_board_file(run_id) if head.collectors or head.evaluator else None
+    board = weight_board_file(run_id, run_dir) if head.collectors or head.evaluator else None
 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
         name = f"{role}-{rank}"

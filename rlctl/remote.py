@@ -13,6 +13,7 @@ tar. Imports nothing heavy: it must answer in well under a second.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -25,6 +26,7 @@ import sys
 import tarfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import rlctl
@@ -34,6 +36,7 @@ SESSION_LOST_GRACE_S = 5.0
 DEFAULT_SESSION_TIMEOUT_S = 30.0  # network.session_timeout_s, sent in the session's setup line
 SETUP_TIMEOUT_S = 60.0
 RUN_ID_ENV = "RLCTL_RUN_ID"
+WEIGHT_BOARD_DIR = "/dev/shm"  # memory, not disk (Linux); a host without it sends weights over the network
 
 
 def remote_run_dir(run_id: str) -> str:
@@ -46,17 +49,18 @@ def remote_checkpoint_dir(run_id: str) -> str:
     return f"{remote_run_dir(run_id)}/checkpoints"
 
 
-def weight_board_file(run_id: str) -> str:
-    """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.weights)."""
-    return f"/dev/shm/rlctl-{run_id}-weights"
+def weight_board_file(run_id: str, run_dir: str) -> str:
+    """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.weights).
+
+    Named by the run's directory too: run ids are unique within one runs directory only.
+    """
+    return f"{WEIGHT_BOARD_DIR}/rlctl-{run_id}-{zlib.crc32(run_dir.encode()):08x}-weights"
 
 
-def remove_weight_board(run_id: str) -> None:
+def remove_weight_boards(run_id: str) -> None:
     """Remove the run's weight board on this host, if a learner that was killed left it behind."""
-    try:
-        os.unlink(weight_board_file(run_id))
-    except FileNotFoundError:
-        pass
+    for path in Path(WEIGHT_BOARD_DIR).glob(f"rlctl-{glob.escape(run_id)}-*-weights"):
+        path.unlink(missing_ok=True)
 
 
 class SessionInput:
@@ -223,7 +227,7 @@ def command_sweep(run_id: str, kill: bool) -> int:
             time.sleep(0.05)
         left = run_processes(run_id)
     if kill and not left:
-        remove_weight_board(run_id)
+        remove_weight_boards(run_id)
     print(json.dumps({"hostname": socket.gethostname(), "left": left, "killed": killed}))
     return 0
 

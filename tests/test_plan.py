@@ -504,7 +504,10 @@ def test_cli_plan_bad_job(tmp_path):
 
 
 def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
-    board = f"/dev/shm/rlctl-{RUN_ID}-weights"
+    from rlctl.remote import weight_board_file
+
+    board = weight_board_file(RUN_ID, RUN_DIR)
+    assert board.startswith(f"/dev/shm/rlctl-{RUN_ID}-") and board != weight_board_file(RUN_ID, RUN_DIR + "2")
     local = by_name(plan_of(load_job(APEX)))
     assert {n for n, x in local.items() if x.env.get("RLCTL_WEIGHT_BOARD") == board} == {
         n for n in local if not n.startswith("replay")}  # learner, evaluator and collectors; shards take no weights

@@ -46,7 +46,8 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
         text = (run_dir / "logs" / f"{name}.log").read_text()
         assert name.split("-")[0] in text, name
     # Weights reached the collector through the learner's shared-memory board, which is gone with the run.
-    board = f"/dev/shm/rlctl-{run_dir.name}-weights"
+    learner = next(p for p in json.loads((run_dir / "plan.json").read_text())["processes"] if p["name"] == "learner-0")
+    board = learner["env"]["RLCTL_WEIGHT_BOARD"]
     assert f"weights from shared memory {board}" in (run_dir / "logs" / "collector-0.log").read_text()
     assert state["metrics"]["collector/weight_version_lag"] < state["metrics"]["learner/version"]  # loaded some
     assert not os.path.exists(board)
@@ -140,7 +141,7 @@ def test_killed_collector_is_restarted_and_killed_replay_fails_the_run(tmp_path)
     assert state["failure"]["process"] == "replay-0"
     assert "replay-0" in out and "exited with code -9" in out
     assert _all_gone(state)
-    assert not os.path.exists(f"/dev/shm/rlctl-{run_dir.name}-weights")
+    assert not list(Path("/dev/shm").glob(f"rlctl-{run_dir.name}-*"))
 
 
 def test_bad_job_file_starts_nothing(tmp_path):
