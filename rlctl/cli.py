@@ -262,7 +262,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--foll
 def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--timeout", min=0, help="Seconds to wait."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
-    from rlctl.rundir import TERMINAL_STATES, pid_alive
+    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board
 
     rd = _resolve(runs_dir, run)
     state = rd.read_state() or {}
@@ -285,12 +285,14 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
             print(f"{rd.run_id} did not stop within {timeout:g}s (status {rd.effective_status(state)}); "
                   f"killing its processes", file=sys.stderr)
             _reap(state)
+            remove_weight_board(rd.read_plan() or {})
             _confirm_remote_hosts(rd)
             raise typer.Exit(EXIT_FAILED)
     else:
         # The supervisor is gone: end its processes ourselves (closing remote sessions too), then bring home what it
         # would have, and record it.
         _reap(state)
+        remove_weight_board(rd.read_plan() or {})
         clean = _confirm_remote_hosts(rd, fetch_checkpoints=True)
         state.update(status="stopped", ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
         rd.write_state(state)

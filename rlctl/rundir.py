@@ -277,6 +277,15 @@ def resolve_run(root: Path, run: str | None) -> RunDir:
     raise RunNotFound(f"no run {run!r} in {root}; recent runs: {_some_ids(runs)}")
 
 
+def remove_weight_board(plan: dict) -> None:
+    """Remove the shared-memory weight board (rlctl.weights) of a local learner, if one was left behind: its
+    learner removes it on the way out, but not when it is killed."""
+    for proc in plan.get("processes", []):
+        board = proc.get("env", {}).get("RLCTL_WEIGHT_BOARD")
+        if proc.get("role") == "learner" and not proc.get("remote") and board:
+            Path(board).unlink(missing_ok=True)
+
+
 def parse_log_line(line: str) -> tuple[float | None, str]:
     """(epoch seconds, text) from "2026-11-29T22:01:11.123 text"; (None, line) if no timestamp."""
     line = line.rstrip("\r\n")

@@ -28,7 +28,7 @@ from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
 from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_checkpoint_dir
-from rlctl.rundir import RunDir, group_alive
+from rlctl.rundir import RunDir, group_alive, remove_weight_board
 from rlctl.spec import SYNCHRONOUS, JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
@@ -516,9 +516,7 @@ class Supervisor:
             if h.pump:
                 h.pump.join(timeout=2)
         self._drain_control(0)
-        for p in self.plan.processes:  # the learner removes its board; not when it was killed
-            if p.role == "learner" and not p.remote and "RLCTL_WEIGHT_BOARD" in p.env:
-                Path(p.env["RLCTL_WEIGHT_BOARD"]).unlink(missing_ok=True)
+        remove_weight_board(self.plan.to_dict())
         if self.remote_hosts:
             self._finish_remote()
 

@@ -168,3 +168,4 @@ def test_killed_supervisor_shows_lost_and_stop_ends_its_processes(tmp_path):
     run_cli(["stop", run_id], env=env, timeout=60)
     assert read_state(run_dir)["status"] == "stopped"
     assert _all_gone(state)
+    assert not list(Path("/dev/shm").glob(f"rlctl-{run_id}-*"))  # the learner's weight board too
