@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -153,10 +154,7 @@ class WeightPublisher:
     def close(self) -> None:
         """Remove the board's file (readers that mapped it keep their mapping)."""
         if self.board is not None:
-            try:
-                os.unlink(self.board.path)
-            except FileNotFoundError:
-                pass
+            Path(self.board.path).unlink(missing_ok=True)
 
 
 class WeightSubscriber:
