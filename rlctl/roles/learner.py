@@ -147,7 +147,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             batch = stream.next(100)
             if batch is None and pub is not None and pub.joined():
                 publish()  # a subscriber that just joined acts with the learner's current weights at once
-            if batch is None and control.due():
+            # Only after a whole interval of waiting, so the heartbeat after an update (losses, rates) is not
+            # replaced by this one whenever it falls due during a short wait.
+            if batch is None and control.due() and time.monotonic() - t0 >= control.interval:
                 control.heartbeat({"rank": rank, "learner/updates": updates, "learner/waiting": 1})
             if batch is None and world == 1 and (stop or control.stop_requested()):
                 break
@@ -190,7 +192,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             rate = (updates - last_updates) / dt
             control.heartbeat({
                 "rank": rank, "losses/td_loss": loss_sum / max(n_sum, 1), "learner/q_mean": q_sum / max(n_sum, 1),
-                "learner/updates": updates, "learner/updates_per_s": rate,
+                "learner/updates": updates, "learner/updates_per_s": rate, "learner/waiting": 0,
                 "learner/samples_per_s": rate * algo.batch_size * world, "learner/version": version,
                 "learner/sample_wait_frac": wait_s / dt, "net/dropped": stream.dropped,
             })

@@ -234,6 +234,7 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
         nonlocal stale
         got: dict[int, wire.Message] = {}
         batch: list[wire.Message] = []
+        since = time.monotonic()
         while True:
             if stop or control.stop_requested():
                 stop.requested = True
@@ -257,7 +258,9 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             if not synchronous and len(batch) >= algo.rollouts_per_batch:
                 return batch
             republish_if_due()
-            if control.due():
+            # Only after a whole interval of waiting: a due heartbeat sent from here in a round's ordinary wait took
+            # the place of the one after the update, which carries the losses and rates (a fast run reported none).
+            if control.due() and time.monotonic() - since >= control.interval:
                 control.heartbeat({"rank": rank, "learner/updates": version, "learner/waiting": 1,
                                    "learner/rollouts_dropped": stale, "net/dropped": inbox.dropped})
 
@@ -305,6 +308,7 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
             control.heartbeat({
                 "rank": rank, **stats, "learner/updates": version, "learner/version": version,
                 "learner/updates_per_s": (version - last_version) / dt, "learner/samples_per_s": samples * world / dt,
+                "learner/waiting": 0,
                 "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0, "learner/rollouts_dropped": stale,
                 "learner/lr": lr, "learner/rollout_wait_frac": wait_s / dt, "learner/digest_chain": chain,
                 "net/dropped": inbox.dropped})
