@@ -166,6 +166,7 @@ class WeightSubscriber:
     def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module, board: str | None = None):
         self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2)
         self.model = model
+        self.size = sum(p.numel() for p in model.parameters())
         self.flat = share_flat_storage(model)  # None: load parameter by parameter
         self.board_file = board
         self.board: WeightBoard | None = None
@@ -208,13 +209,12 @@ class WeightSubscriber:
         slot = msg.meta.get("slot")
         if self.board_file is None or slot not in (0, 1):
             return False
-        size = sum(p.numel() for p in self.model.parameters())
         if self.board is None:
             try:
-                self.board = WeightBoard.open(self.board_file, size)
+                self.board = WeightBoard.open(self.board_file, self.size)
             except (OSError, ValueError):
                 return False
         if self.flat is not None:
             return self.board.read(slot, msg.version, self.flat)
-        scratch = np.empty(size, dtype=np.float32)
+        scratch = np.empty(self.size, dtype=np.float32)
         return self.board.read(slot, msg.version, scratch) and self._load(scratch)

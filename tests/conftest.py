@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -67,6 +68,17 @@ def read_state(run_dir: Path) -> dict:
         return json.loads((run_dir / "state.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def free_ports(n: int) -> list[int]:
+    """n loopback ports that were free a moment ago."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def wait_for(predicate, timeout: float = 60, interval: float = 0.1, what: str = "condition"):

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import small_job
+from conftest import free_ports, small_job
 from rlctl import wire
 
 
@@ -71,16 +70,6 @@ def test_keys_travel_as_one_env_string():
         wire.CurveKeys.from_env("nope")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_running(tmp_path):
     from rlctl.spec import dumps_toml, load_job, resolved_dict
 
@@ -88,7 +77,7 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
     small = small_job(tmp_path)
     small.write_text(small.read_text().replace("min_size = 200", "min_size = 1"))
     job.write_text(dumps_toml(resolved_dict(load_job(small))))
-    control_port, exp_port, smp_port = _free_ports(3)
+    control_port, exp_port, smp_port = free_ports(3)
     keys = wire.CurveKeys.generate()
     exp_ep, smp_ep = f"tcp://127.0.0.1:{exp_port}", f"tcp://127.0.0.1:{smp_port}"
     env = {**os.environ, "RLCTL_ROLE": "replay", "RLCTL_RANK": "0", "RLCTL_RUN_ID": "t", "RLCTL_JOB": str(job),
@@ -164,7 +153,7 @@ def _ppo_learner(tmp_path, ranks: int):
                          "topology": {"collectors": 2, "evaluator": False, "learner_procs": ranks}})
     job = tmp_path / "job.toml"
     job.write_text(dumps_toml(resolved_dict(spec)))
-    control_port, weights_port, *rollout_ports = _free_ports(2 + ranks)
+    control_port, weights_port, *rollout_ports = free_ports(2 + ranks)
     keys = wire.CurveKeys.generate()
     weights_ep = f"tcp://127.0.0.1:{weights_port}"
     rollouts = [f"tcp://127.0.0.1:{port}" for port in rollout_ports]

@@ -225,9 +225,9 @@ def run(rc: RoleContext, stop: StopFlag, device: torch.device) -> None:
         save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
 
     waiting = zmq.Poller()
-    for sock in (inbox.sock, pub.sock if pub is not None else None):
-        if sock is not None:
-            waiting.register(sock, zmq.POLLIN)
+    waiting.register(inbox.sock, zmq.POLLIN)
+    if pub is not None:
+        waiting.register(pub.sock, zmq.POLLIN)
 
     def gather() -> list[wire.Message] | None:
         """This version's batch: PPO one current rollout per own collector; else enough within the lag bound."""
