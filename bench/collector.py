@@ -63,9 +63,9 @@ class BareLoop:
     def __init__(self, job_path: Path, rank: int = 0):
         import torch
 
-        from rlctl.algos import apex
+        from rlctl.algos.apex import dqn as apex
         from rlctl.envs import env_space_info, make_vec_env
-        from rlctl.models import build_policy
+        from rlctl.algos import build_model
         from rlctl.spec import load_job
 
         torch.set_num_threads(1)
@@ -79,7 +79,7 @@ class BareLoop:
         info = env_space_info(self.env)
         n_actions = info.n_actions
         self.n = n = self.env.num_envs
-        self.model = build_policy(job, info)
+        self.model = build_model(job, info)
         self.model.eval()
         self.eps = apex.epsilon_ladder(job.collector_count * n, algo.epsilon, algo.epsilon_alpha)[rank * n:(rank + 1) * n]
         self.explore = apex.EpsilonGreedy(self.eps, n_actions, self.rng)  # the collector's own epsilon-greedy
@@ -123,7 +123,8 @@ class Peers:
         import torch
 
         from rlctl.envs import probe_space_info
-        from rlctl.models import build_policy, flat_parameters
+        from rlctl.algos import build_model
+        from rlctl.models import flat_parameters
         from rlctl.spec import load_job
 
         self.control = H.ControlRouter(keys, endpoints["control"])
@@ -132,7 +133,7 @@ class Peers:
         self.sink = self.net.server(zmq.PULL, endpoints["replay"][0]["experience"], rcvhwm=1000)
         job = load_job(job_path)
         torch.manual_seed(0)
-        net = build_policy(job, probe_space_info(job.env))
+        net = build_model(job, probe_space_info(job.env))
         self.params = flat_parameters(net).numpy()
         self.version = 0
         self.next_pub = 0.0

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def synthetic_rollout(T: int, n_envs: int, info, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A rollout in the collector's layout (RolloutBuffer), every step valid and no episode ends."""
-    from rlctl.roles.collector import RolloutBuffer
+    from rlctl.algos.onpolicy.actor import RolloutBuffer
 
     a = RolloutBuffer(T, n_envs, info).arrays
     a["obs"][:] = rng.normal(size=a["obs"].shape)
@@ -103,12 +103,12 @@ def measure_bare(spec, rollouts: list[dict], seconds: float, warmup: float) -> d
     import torch
 
     from rlctl.envs import probe_space_info
-    from rlctl.models import build_policy
+    from rlctl.algos import build_model
 
     torch.set_num_threads(1)
     algo = spec.algorithm
     torch.manual_seed(0)
-    model = build_policy(spec, probe_space_info(spec.env))
+    model = build_model(spec, probe_space_info(spec.env))
     opt = torch.optim.Adam(model.parameters(), lr=algo.lr, eps=algo.adam_eps, fused=True)  # as the learner
     batch = {k: torch.from_numpy(np.concatenate([r[k] for r in rollouts], axis=1)) for k in rollouts[0]}
     T, B = batch["reward"].shape

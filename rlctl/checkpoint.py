@@ -41,8 +41,8 @@ def load_checkpoint(path: str | Path) -> dict:
 
 def evaluate_checkpoint(path: str | Path, episodes: int, seed: int) -> dict:
     """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths."""
+    from rlctl.algos import build_model
     from rlctl.envs import SpaceInfo
-    from rlctl.models import build_policy
     from rlctl.roles.evaluator import greedy_episodes
     from rlctl.spec import validate_job
 
@@ -50,9 +50,9 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int) -> dict:
     spec = validate_job(data["job"], f"{path}:job")
     if "space" not in data:
         raise CheckpointError("checkpoint has no 'space' record (written by an older rlctl)")
-    model = build_policy(spec, SpaceInfo.from_dict(data["space"]))
+    model = build_model(spec, SpaceInfo.from_dict(data["space"]))
     model.load_state_dict(data["model"])
-    returns, lengths = greedy_episodes(model, spec.env, episodes, seed)
+    returns, lengths = greedy_episodes(model, spec.env, episodes, seed, spec.algo.recurrent)
     return {"checkpoint": str(path), "updates": int(data.get("updates", 0)), "episodes": episodes,
             "return_mean": float(returns.mean()), "return_min": float(returns.min()),
             "return_max": float(returns.max()), "length_mean": float(lengths.mean())}

@@ -27,7 +27,8 @@ def resolve_env_id(env_id: str) -> str:
 
 
 def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.VectorEnv:
-    """Vector env per the job: native vectorized implementation where one exists (auto), else sync/async."""
+    """Vector env per the job: native vectorized implementation where one exists (auto), else sync/async;
+    the job's wrappers around every sub-env."""
     env_id = resolve_env_id(spec.id)
     num = num_envs or spec.envs_per_collector
     mode = spec.vectorization
@@ -35,8 +36,45 @@ def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.Vecto
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
     if mode == "auto":
-        mode = "vector_entry_point" if gym.spec(env_id).vector_entry_point is not None else "sync"
-    return gym.make_vec(env_id, num_envs=num, vectorization_mode=mode, **kwargs)
+        native = gym.spec(env_id).vector_entry_point is not None and not spec.wrappers
+        mode = "vector_entry_point" if native else "sync"
+    wrappers = [_wrapper(w.name, w.kwargs) for w in spec.wrappers]
+    return gym.make_vec(env_id, num_envs=num, vectorization_mode=mode, wrappers=wrappers or None, **kwargs)
+
+
+def _wrapper(name: str, kwargs: dict):
+    """`module:Class` -> a callable that wraps one env with it."""
+    module, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"env.wrappers: cannot load {name!r} ({exc})") from None
+    return lambda env: cls(env, **kwargs)
+
+
+class MaskVelocity(gym.ObservationWrapper):
+    """Hides the velocities of a classic-control observation, leaving a partially observed task.
+
+    CartPole's (x, x_dot, theta, theta_dot) becomes (x, theta): a policy has to remember earlier observations to
+    tell which way the pole is moving. Other envs name the observation entries to keep with `keep`.
+    """
+
+    KEEP = {"CartPole": (0, 2)}
+
+    def __init__(self, env: gym.Env, keep: list[int] | None = None):
+        super().__init__(env)
+        if keep is None:
+            name = env.spec.id.split("-")[0] if env.spec is not None else ""
+            if name not in self.KEEP:
+                raise ValueError(f"MaskVelocity: say which observation entries to keep (keep = [...]) for {name!r}")
+            keep = list(self.KEEP[name])
+        self.keep = np.asarray(keep, dtype=np.int64)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """The kept entries."""
+        return observation[self.keep]
 
 
 def autoreset_valid(done: np.ndarray, done_before: np.ndarray) -> np.ndarray:

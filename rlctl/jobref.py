@@ -15,10 +15,7 @@ SECTIONS = [
     ("[job]", spec.JobSection, ("stop",)),
     ("[job.stop]", spec.StopSpec, ()),
     ("[env]", spec.EnvSpec, ()),
-    ('[algorithm] name = "apex"', spec.ApexSpec, ("name",)),
-    ('[algorithm] name = "ppo"', spec.PPOSpec, ("name",)),
-    ('[algorithm] name = "appo"', spec.APPOSpec, ("name",)),
-    ('[algorithm] name = "impala"', spec.IMPALASpec, ("name",)),
+    *((f'[algorithm] name = "{name}"', model, ("name",)) for name, model in spec.ALGORITHM_SPECS.items()),
     ("[model]", spec.ModelSpec, ()),
     ("[replay]", spec.ReplaySpec, ()),
     ("[topology]", spec.TopologySpec, ()),
@@ -40,7 +37,7 @@ def _type_name(annotation) -> str:
         return " \\| ".join(_type_name(a) for a in args)
     if origin is list:
         return f"list of {_type_name(typing.get_args(annotation)[0])}"
-    if origin is dict:
+    if origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
         return "table"
     return getattr(annotation, "__name__", str(annotation))
 

@@ -215,21 +215,6 @@ class ActorCritic(nn.Module):
         return head.argmax(-1) if self.discrete else head
 
 
-def build_policy(job, info) -> nn.Module:
-    """The network a job trains, for its env's spaces (`job` a JobSpec, `info` an envs.SpaceInfo)."""
-    algo, model = job.algorithm, job.model
-    if algo.name == "apex":
-        if not info.discrete:
-            raise ValueError(f"apex needs a Discrete action space; {job.env.id} has a Box one (use ppo, appo or impala)")
-        if model.encoder != "mlp":
-            raise ValueError("apex supports model.encoder = 'mlp' only")
-        return QNetwork(info.obs_shape, info.n_actions, model.hidden, model.activation, algo.dueling)
-    return ActorCritic(info.obs_shape, n_actions=info.n_actions,
-                       action_dim=0 if info.discrete else math.prod(info.action_shape),
-                       hidden=model.hidden, activation=model.activation, encoder=model.encoder,
-                       log_std_init=algo.log_std_init)
-
-
 def flat_parameters(module: nn.Module) -> torch.Tensor:
     """Return all parameters as one detached, contiguous float32 1-D tensor (parameters() order)."""
     chunks = [p.detach().reshape(-1).to(torch.float32) for p in module.parameters()]

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
 from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
-from rlctl.spec import OFF_POLICY, HostSpec, JobSpec
+from rlctl.spec import HostSpec, JobSpec
 
 SECRET_MASK = "********"
 ROLE_MODULES = {
@@ -79,7 +79,7 @@ class LaunchPlan:
 
 def ports_needed(spec: JobSpec) -> int:
     """Size of the job's contiguous port range."""
-    rollout_ports = 0 if spec.algorithm.name in OFF_POLICY else spec.learner_ranks
+    rollout_ports = 0 if spec.algo.uses_replay else spec.learner_ranks
     return 3 + 2 * spec.replay_shard_count + rollout_ports + 1
 
 
@@ -141,7 +141,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
                            "bind_sample": f"tcp://{_bind(h, all_local)}:{smp}"})
     # Rollout algorithms: one PULL socket per learner rank; collector c sends to rank c % ranks.
     learner_nodes = [h for h in hosts if h.learner]
-    rollout_ports = [] if spec.algorithm.name in OFF_POLICY else [next(port) for _ in range(spec.learner_ranks)]
+    rollout_ports = [] if spec.algo.uses_replay else [next(port) for _ in range(spec.learner_ranks)]
     node_procs = spec.learner_node_procs
     # The supervisor's control socket lives on the launching machine.
     endpoints: dict[str, object] = {

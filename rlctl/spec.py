@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from rlctl.algos import ALGORITHMS, AlgorithmEntry
+from rlctl.specbase import NonNegInt, PosFloat, PosInt, Section
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,19 +40,6 @@ class JobFileError(Exception):
         for key, reason in self.problems:
             lines.append(f"  {key or '<file>'}: {reason}" if key else f"  {reason}")
         return "\n".join(lines)
-
-
-class Section(BaseModel):
-    """Base of every job-file section: strict types, no unknown keys, no NaN/inf."""
-
-    model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True, frozen=True
-    )
-
-
-PosInt = Annotated[int, Field(ge=1, le=1 << 40)]
-NonNegInt = Annotated[int, Field(ge=0, le=1 << 40)]
-PosFloat = Annotated[float, Field(gt=0, le=1e12)]
 
 
 class StopSpec(Section):
@@ -81,6 +71,18 @@ class JobSection(Section):
     """Stop criteria."""
 
 
+EntryPoint = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class WrapperSpec(Section):
+    """One gymnasium wrapper around every sub-env."""
+
+    name: EntryPoint
+    """The wrapper class, `module:Class`."""
+    kwargs: dict[str, Any] = {}
+    """Keyword arguments after the env."""
+
+
 class EnvSpec(Section):
     """The environment every collector and the evaluator step."""
 
@@ -94,139 +96,31 @@ class EnvSpec(Section):
     """`auto`: the env's native vectorized implementation where it has one, else `sync`."""
     max_episode_steps: PosInt | None = None
     """Time limit override (episodes cut here count as truncated, not terminated)."""
+    wrappers: Annotated[list[WrapperSpec], Field(max_length=32)] = []
+    """gymnasium wrappers applied to every sub-env, in order, in collectors, evaluator and `rlctl eval` alike:
+    `"module:Class"` or `{ name = "module:Class", kwargs = {...} }` (e.g. `"rlctl.envs:MaskVelocity"`)."""
+
+    @field_validator("wrappers", mode="before")
+    @classmethod
+    def _wrapper_names(cls, value: Any) -> Any:
+        # "module:Class" is short for { name = "module:Class" }.
+        if isinstance(value, list):
+            return [{"name": w} if isinstance(w, str) else w for w in value]
+        return value
+
+    @model_validator(mode="after")
+    def _check_wrappers(self) -> "EnvSpec":
+        if self.wrappers and self.vectorization == "vector_entry_point":
+            raise ValueError("wrappers: a native vectorized env cannot be wrapped per sub-env; use vectorization "
+                             "= \"auto\" (then \"sync\") or \"async\"")
+        return self
 
 
-class ApexSpec(Section):
-    """Ape-X DQN: double + dueling n-step DQN over prioritized replay shards."""
-
-    name: Literal["apex"]
-    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
-    """Discount factor."""
-    n_step: Annotated[int, Field(ge=1, le=100)] = 3
-    """Steps summed into each transition's return."""
-    lr: Annotated[float, Field(gt=0, le=1)] = 1e-3
-    """Adam learning rate."""
-    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
-    """Adam epsilon."""
-    batch_size: Annotated[int, Field(ge=1, le=1 << 20)] = 128
-    """Transitions per gradient update and learner rank."""
-    target_update_interval: PosInt = 250
-    """Updates between target-network copies."""
-    publish_interval: PosInt = 20
-    """Updates between weight publications to collectors and evaluator."""
-    grad_clip: Annotated[float, Field(gt=0, le=1e9)] = 10.0
-    """Global gradient-norm clip."""
-    epsilon: Annotated[float, Field(ge=0, le=1)] = 0.4
-    """Ape-X epsilon ladder base: eps_i = epsilon ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: Annotated[float, Field(ge=0, le=100)] = 7.0
-    """Ape-X epsilon ladder exponent."""
-    double: bool = True
-    """Double DQN targets (online net picks, target net evaluates)."""
-    dueling: bool = True
-    """Dueling value/advantage head."""
-    send_batch: Annotated[int, Field(ge=1, le=1 << 20)] = 256
-    """Transitions a collector gathers before sending them to a replay shard."""
-    prefetch: Annotated[int, Field(ge=1, le=64)] = 2
-    """Sample requests each learner rank keeps in flight (pipelined sampling)."""
-
-
-Fraction = Annotated[float, Field(ge=0, le=1)]
-Coef = Annotated[float, Field(ge=0, le=1e6)]
-
-
-class OnPolicySpec(Section):
-    """Fields every rollout-based algorithm shares (collectors send fixed-length rollouts to the learner)."""
-
-    gamma: Annotated[float, Field(gt=0, le=1)] = 0.99
-    """Discount factor."""
-    rollout_len: Annotated[int, Field(ge=1, le=1 << 16)] = 32
-    """Steps per env in one rollout (all taken with one policy version)."""
-    lr: Annotated[float, Field(gt=0, le=1)] = 3e-4
-    """Learning rate."""
-    lr_anneal_steps: PosInt | None = None
-    """Env steps over which the learning rate falls linearly to 0; unset = constant."""
-    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-5
-    """Optimizer epsilon."""
-    vf_coef: Coef = 0.5
-    """Value-loss coefficient."""
-    ent_coef: Coef = 0.0
-    """Entropy-bonus coefficient."""
-    max_grad_norm: Annotated[float, Field(gt=0, le=1e9)] = 0.5
-    """Global gradient-norm clip."""
-    reward_scale: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-    """Rewards are multiplied by this on the learner (episode returns are reported unscaled)."""
-    log_std_init: Annotated[float, Field(ge=-20, le=5)] = 0.0
-    """Initial log standard deviation of the Gaussian policy (Box action spaces)."""
-
-
-class PPOSpec(OnPolicySpec):
-    """Synchronous PPO: every collector sends one rollout per policy version; learner ranks train in lockstep (DDP)."""
-
-    name: Literal["ppo"]
-    gae_lambda: Fraction = 0.95
-    """GAE lambda."""
-    epochs: Annotated[int, Field(ge=1, le=1000)] = 10
-    """Passes over each round's rollouts."""
-    minibatches: Annotated[int, Field(ge=1, le=1 << 16)] = 4
-    """Minibatches per epoch and learner rank."""
-    clip: Annotated[float, Field(gt=0, le=10)] = 0.2
-    """Surrogate clip range."""
-    value_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    """Clip the value update to this range around the behaviour value; unset = no value clipping."""
-    norm_adv: bool = True
-    """Normalise advantages per minibatch."""
-
-
-class APPOSpec(PPOSpec):
-    """Asynchronous PPO: collectors never wait; the learner trains on whatever rollouts arrive within the lag bound."""
-
-    name: Literal["appo"]  # type: ignore[assignment]
-    epochs: Annotated[int, Field(ge=1, le=1000)] = 1
-    """Passes over each batch of rollouts."""
-    minibatches: Annotated[int, Field(ge=1, le=1 << 16)] = 1
-    """Minibatches per epoch and learner rank."""
-    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
-    """Rollouts each learner rank trains on per update."""
-    max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 10
-    """Rollouts more than this many versions behind the learner are dropped (and counted)."""
-    vtrace: bool = False
-    """Value targets and advantages from V-trace on current values (as Sample Factory's APPO), instead of GAE."""
-    rho_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-    """V-trace importance-weight clip for the value target and advantage (rho-bar)."""
-    c_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-    """V-trace trace-cutting clip (c-bar)."""
-
-
-class IMPALASpec(OnPolicySpec):
-    """IMPALA: actor-critic with V-trace targets computed on the learner from the behaviour log-probs."""
-
-    name: Literal["impala"]
-    lr: Annotated[float, Field(gt=0, le=1)] = 6e-4
-    """Learning rate."""
-    ent_coef: Coef = 0.01
-    """Entropy-bonus coefficient."""
-    max_grad_norm: Annotated[float, Field(gt=0, le=1e9)] = 40.0
-    """Global gradient-norm clip."""
-    optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """`rmsprop` (as the IMPALA paper) or `adam`."""
-    rmsprop_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
-    """RMSProp smoothing constant."""
-    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
-    """Rollouts each learner rank trains on per update."""
-    max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 20
-    """Rollouts more than this many versions behind the learner are dropped (and counted)."""
-    rho_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-    """V-trace importance-weight clip (rho-bar)."""
-    c_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
-    """V-trace trace-cutting clip (c-bar)."""
-
-
-AlgorithmSpec = Annotated[Union[ApexSpec, PPOSpec, APPOSpec, IMPALASpec], Field(discriminator="name")]
-ALGORITHM_SPECS: dict[str, type[Section]] = {"apex": ApexSpec, "ppo": PPOSpec, "appo": APPOSpec, "impala": IMPALASpec}
-ALGORITHMS = tuple(ALGORITHM_SPECS)
-OFF_POLICY = frozenset({"apex"})
-# Synchronous algorithms: collectors wait for each new version; asynchronous ones never do.
-SYNCHRONOUS = frozenset({"ppo"})
+# Each algorithm's own section model, from the registry (rlctl.algos): the `[algorithm]` table is one of them,
+# chosen by its `name`.
+ALGORITHM_SPECS: dict[str, type[Section]] = {name: entry.load("spec") for name, entry in ALGORITHMS.items()}
+ALGORITHM_NAMES = tuple(ALGORITHM_SPECS)
+AlgorithmSpec = Annotated[Union[tuple(ALGORITHM_SPECS.values())], Field(discriminator="name")]
 
 
 class ModelSpec(Section):
@@ -374,7 +268,7 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "JobSpec":
-        if self.algorithm.name not in OFF_POLICY and self.collector_count < self.learner_ranks:
+        if not self.algo.uses_replay and self.collector_count < self.learner_ranks:
             where = "hosts" if self.hosts else "topology.collectors"
             raise ValueError(f"{where}: {self.algorithm.name} sends each collector's rollouts to one learner rank, so it "
                              f"needs at least one collector per rank ({self.collector_count} < {self.learner_ranks})")
@@ -397,7 +291,7 @@ class JobSpec(Section):
             raise ValueError("hosts: at least one host must have learner = true (the first one is the head, rank 0)")
         if sum(h.evaluator for h in self.hosts) > 1:
             raise ValueError("hosts: at most one host may have evaluator = true")
-        if self.algorithm.name in OFF_POLICY and sum(h.replay_shards for h in self.hosts) == 0:
+        if self.algo.uses_replay and sum(h.replay_shards for h in self.hosts) == 0:
             raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
         for i, h in enumerate(self.hosts):
             if h.learner_procs is not None and not h.learner:
@@ -409,6 +303,11 @@ class JobSpec(Section):
                     raise ValueError(f"hosts[{i}].advertise_address: {h.name!r} runs servers that remote hosts connect "
                                      "to; give the address they reach this machine at")
         return self
+
+    @property
+    def algo(self) -> AlgorithmEntry:
+        """The algorithm's registry entry (its traits and parts)."""
+        return ALGORITHMS[self.algorithm.name]
 
     @property
     def learner_node_procs(self) -> list[int]:
@@ -434,7 +333,7 @@ class JobSpec(Section):
     @property
     def replay_shard_count(self) -> int:
         """Total replay shards (0 for on-policy algorithms)."""
-        if self.algorithm.name not in OFF_POLICY:
+        if not self.algo.uses_replay:
             return 0
         if self.hosts:
             return sum(h.replay_shards for h in self.hosts)
@@ -451,7 +350,7 @@ def _key_path(loc: tuple) -> str:
     for i, item in enumerate(loc):
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif i == 1 and loc[0] == "algorithm" and item in ALGORITHMS:
+        elif i == 1 and loc[0] == "algorithm" and item in ALGORITHM_NAMES:
             continue  # the discriminator tag pydantic inserts, not a key the user wrote
         else:
             parts.append(("." if parts else "") + str(item))
@@ -495,9 +394,9 @@ def _reason(err: dict) -> str:
         suffix = f" (did you mean '{hint[0]}'?)" if hint else (f" (known keys: {', '.join(known)})" if known else "")
         return f"unknown key '{loc[-1]}'{suffix}"
     if kind == "union_tag_invalid":
-        return f"unknown algorithm {err.get('ctx', {}).get('tag')!r}; available: {', '.join(ALGORITHMS)}"
+        return f"unknown algorithm {err.get('ctx', {}).get('tag')!r}; available: {', '.join(ALGORITHM_NAMES)}"
     if kind == "union_tag_not_found":
-        return f"missing key 'name' (one of: {', '.join(ALGORITHMS)})"
+        return f"missing key 'name' (one of: {', '.join(ALGORITHM_NAMES)})"
     if kind == "missing":
         return "required key is missing"
     msg = err["msg"]
@@ -510,10 +409,11 @@ def _reason(err: dict) -> str:
 
 def _problem(err: dict) -> tuple[str, str]:
     key, reason = _key_path(err["loc"]), _reason(err)
-    if not key and err["type"] == "value_error":
-        head, sep, rest = reason.partition(": ")  # whole-job checks write "key.path: reason"
+    if err["type"] == "value_error":
+        # Checks across keys write "key.path: reason", relative to the section they validate.
+        head, sep, rest = reason.partition(": ")
         if sep and re.fullmatch(r"[\w.\[\]]+(, [\w.\[\]]+)*", head):
-            key, reason = head, rest
+            key, reason = (f"{key}.{head}" if key else head), rest
     return key, reason
 
 

@@ -29,7 +29,7 @@ from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter
 from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.rundir import RunDir, group_alive, remove_weight_board
-from rlctl.spec import SYNCHRONOUS, JobSpec, load_job, resolved_dict
+from rlctl.spec import JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
@@ -467,7 +467,7 @@ class Supervisor:
         remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
         others = [o for o in self.handles if o.spec.role == "collector" and o is not h]
         return (h.spec.role == "collector" and h.spec.remote and h.last_exit == SSH_FAILED
-                and self.spec.algorithm.name not in SYNCHRONOUS
+                and not self.spec.algo.synchronous
                 and any(o.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
     def _write_tb(self, tb: TensorBoardWriter) -> None:

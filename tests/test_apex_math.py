@@ -1,4 +1,4 @@
-"""Tests for the Ape-X DQN math (rlctl.algos.apex) and the Q-network helpers (rlctl.models)."""
+"""Tests for the Ape-X DQN math (rlctl.algos.apex.dqn) and the Q-network helpers (rlctl.models)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from rlctl.algos.apex import (
+from rlctl.algos.apex.dqn import (
     NStepAccumulator,
     double_dqn_targets,
     epsilon_ladder,
@@ -385,7 +385,7 @@ def test_flat_parameters_round_trip_and_digest():
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 7), st.integers(0, 2**31 - 1))
 def test_chunked_nstep_agrees_with_per_step_accumulator(num_envs, n, chunk, seed):
-    from rlctl.algos.apex import ChunkedNStep
+    from rlctl.algos.apex.dqn import ChunkedNStep
 
     rng = np.random.default_rng(seed)
     per_step = NStepAccumulator(num_envs, n, 0.9, (1,))
@@ -419,7 +419,7 @@ def test_chunked_nstep_agrees_with_per_step_accumulator(num_envs, n, chunk, seed
 
 
 def test_epsilon_greedy_blocks_follow_per_row_rates():
-    from rlctl.algos.apex import EpsilonGreedy
+    from rlctl.algos.apex.dqn import EpsilonGreedy
 
     q = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
     pick = EpsilonGreedy(np.array([0.0, 1.0]), 3, np.random.default_rng(0), block=64)
@@ -432,7 +432,7 @@ def test_epsilon_greedy_blocks_follow_per_row_rates():
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chunk, seed):
-    from rlctl.algos.apex import ChunkedNStep
+    from rlctl.algos.apex.dqn import ChunkedNStep
 
     torch.manual_seed(seed % 1000)
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl.algos.onpolicy import gae, ppo_loss, vtrace
+from rlctl.algos.onpolicy.returns import gae, ppo_loss, vtrace
 from rlctl.models import ActorCritic, ConvEncoder
 
 

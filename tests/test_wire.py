@@ -126,7 +126,7 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
 
 
 def _rollout(info, T: int, n_envs: int) -> dict[str, np.ndarray]:
-    from rlctl.roles.collector import RolloutBuffer
+    from rlctl.algos.onpolicy.actor import RolloutBuffer
 
     a = RolloutBuffer(T, n_envs, info).arrays
     rng = np.random.default_rng(0)

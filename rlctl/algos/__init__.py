@@ -1,0 +1,88 @@
+"""Algorithms as plug-ins: one registry entry per algorithm, the only place that knows them by name.
+
+An entry holds lazy `"module:attr"` references (nothing heavy is imported until a role needs it; the CLI path
+imports none of them) and the traits the rest of rlctl plans and runs by:
+
+* `spec`: its `[algorithm]` section model (pydantic only, no torch), assembled into the job schema by rlctl.spec;
+* `learner`: its `LearnerCore` (rlctl.algos.base): the update math the learner shell (roles/learner.py) feeds;
+* `actor`: its `ActorCore`: acting and cutting experience inside the collector shell (roles/collector.py);
+* `model`: `build(job, info) -> nn.Module`, the network the learner trains and actors and evaluators run;
+* `data`: how experience travels, `replay` (collectors -> replay shards -> sampled batches) or `rollouts`
+  (collector c -> learner rank c mod ranks);
+* `synchronous`: collectors wait for each new version (every round on-policy), else they never wait;
+* `recurrent`: policies carry a state across steps (`greedy(obs, state) -> (actions, state)`).
+
+Adding an algorithm = its own package under rlctl/algos, one entry below, a job file and tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+REPLAY, ROLLOUTS = "replay", "rollouts"
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """What rlctl knows of one algorithm: lazy references to its parts, and its traits."""
+
+    name: str
+    spec: str
+    learner: str
+    actor: str
+    model: str
+    data: str
+    synchronous: bool = False
+    recurrent: bool = False
+
+    @property
+    def uses_replay(self) -> bool:
+        """Experience goes through replay shards (which the plan then starts)."""
+        return self.data == REPLAY
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles a job of this algorithm runs (the evaluator is optional)."""
+        return ("learner", "collector", "evaluator") + (("replay",) if self.uses_replay else ())
+
+    def load(self, part: str):
+        """The object one of `spec`, `learner`, `actor`, `model` refers to, imported now."""
+        return load_ref(getattr(self, part))
+
+
+def load_ref(ref: str):
+    """Import `module:attr` and return the attribute."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _onpolicy(name: str, spec: str, learner: str, synchronous: bool = False) -> AlgorithmEntry:
+    return AlgorithmEntry(name, f"rlctl.algos.onpolicy.spec:{spec}", f"rlctl.algos.onpolicy.learner:{learner}",
+                          "rlctl.algos.onpolicy.actor:RolloutActor", "rlctl.algos.onpolicy.actor:build_model",
+                          ROLLOUTS, synchronous=synchronous)
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    "apex": AlgorithmEntry("apex", "rlctl.algos.apex.spec:ApexSpec", "rlctl.algos.apex.learner:ApexLearner",
+                           "rlctl.algos.apex.actor:ApexActor", "rlctl.algos.apex.actor:build_model", REPLAY),
+    "ppo": _onpolicy("ppo", "PPOSpec", "PPOLearner", synchronous=True),
+    "appo": _onpolicy("appo", "APPOSpec", "APPOLearner"),
+    "impala": _onpolicy("impala", "IMPALASpec", "IMPALALearner"),
+    "r2d2": AlgorithmEntry("r2d2", "rlctl.algos.r2d2.spec:R2D2Spec", "rlctl.algos.r2d2.learner:R2D2Learner",
+                           "rlctl.algos.r2d2.actor:R2D2Actor", "rlctl.algos.r2d2.actor:build_model", REPLAY,
+                           recurrent=True),
+}
+
+
+def build_model(job, info):
+    """The network of the job's algorithm for its env's spaces (`job` a JobSpec, `info` an envs.SpaceInfo)."""
+    return job.algo.load("model")(job, info)
+
+
+def entry(name: str) -> AlgorithmEntry:
+    """The registry entry of `name` (ValueError naming the known ones)."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}") from None

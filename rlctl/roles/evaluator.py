@@ -12,16 +12,20 @@ import numpy as np
 import torch
 
 from rlctl import wire
+from rlctl.algos import build_model
 from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
-from rlctl.models import build_policy
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 from rlctl.weights import WeightSubscriber
 from rlctl.checkpoint import save_checkpoint
 from rlctl.spec import EnvSpec, resolved_dict
 
 
-def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths)."""
+def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,
+                    recurrent: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths).
+
+    A recurrent policy carries its state from step to step (each sub-env plays one episode, so it never resets).
+    """
     env = make_vec_env(env_spec, num_envs=episodes)
     space = env.single_action_space
     bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
@@ -29,9 +33,15 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
     returns = np.zeros(episodes)
     lengths = np.zeros(episodes, dtype=np.int64)
     running = np.ones(episodes, dtype=bool)
+    state = model.initial_state(episodes) if recurrent else None
     with torch.no_grad():
         while running.any():
-            actions = model.greedy(torch.from_numpy(np.asarray(obs))).numpy()
+            x = torch.from_numpy(np.asarray(obs))
+            if recurrent:
+                actions, state = model.greedy(x, state)
+                actions = actions.numpy()
+            else:
+                actions = model.greedy(x).numpy()
             if bounds is not None:
                 actions = np.clip(actions, *bounds)
             obs, rewards, terminated, truncated, _ = env.step(actions)
@@ -57,7 +67,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
     info = probe_space_info(job.env)
-    model = build_policy(job, info)
+    model = build_model(job, info)
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
@@ -71,7 +81,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         now = time.monotonic()
         if weights.version > evaluated and now >= next_at:
             version = weights.version
-            returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds)
+            returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds,
+                                               job.algo.recurrent)
             rounds += 1
             streak = streak + 1 if target is not None and returns.mean() >= target else 0
             # A round at the stop target is confirmed by the next ones at once (on newer weights, fresh episodes):

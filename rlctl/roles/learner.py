@@ -1,36 +1,39 @@
-"""Learner role, one process per torchrun rank: Ape-X here, rollout algorithms in rollout_learner.
+"""The learner shell, one process per torchrun rank, for every algorithm.
 
-Always started by torchrun, so one code path serves 1 CPU process and N
-nodes x M GPUs: DDP averages gradients; each rank samples from its own replay
-shard(s) with `prefetch` requests in flight; rank 0 publishes weights,
-checkpoints and reports learner metrics.
+Always started by torchrun, so one code path serves 1 CPU process and N nodes x M GPUs. The shell owns everything
+that is not the algorithm's math: process group and DDP, device, seeding, the data source of the algorithm's data
+path (roles/learner_data.py), stop agreement across ranks, weight publication (rank 0), checkpoints (rank 0) and
+heartbeats. The algorithm's `LearnerCore` (rlctl.algos) turns each batch into one update.
 """
 
 from __future__ import annotations
 
-import copy
+import hashlib
 import os
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import zmq
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.algos.apex import targets_from_q, td_loss
+from rlctl.algos import REPLAY
+from rlctl.algos.base import LearnerCore, LearnerSetup
 from rlctl.checkpoint import save_checkpoint
 from rlctl.envs import probe_space_info
-from rlctl.models import build_policy, parameter_digest
+from rlctl.models import parameter_digest
 from rlctl.netif import pin_collective_interface
-from rlctl.optim import build_optimizer, optimizer_step
-from rlctl.roles import rollout_learner
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
-from rlctl.spec import OFF_POLICY, resolved_dict
+from rlctl.roles.learner_data import ReplaySource, RolloutSource
+from rlctl.spec import resolved_dict
 from rlctl.weights import WeightPublisher
 
-BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "keys", "weights")
+# While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
+# before a subscription completes): soon at first, then backing off to once a second.
+REPUBLISH_FIRST_S, REPUBLISH_MAX_S = 0.05, 1.0
+STOP_CHECK_EVERY = 8  # updates between looks at the control socket while data keeps coming
 
 
 def learner_device(rc: RoleContext) -> torch.device:
@@ -41,177 +44,176 @@ def learner_device(rc: RoleContext) -> torch.device:
     return torch.device("cpu")
 
 
-class SampleStream:
-    """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
+def build_core(job, info, device: torch.device, rank: int = 0, world: int = 1) -> LearnerCore:
+    """The job's learner core; with world > 1 it trains through DDP (only then: with one rank DDP's hooks cost
+    25-50% of a small update)."""
+    def distribute(module: torch.nn.Module) -> torch.nn.Module:
+        if world == 1:
+            return module
+        return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str):
-        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000)
-        self.batch_size, self.name = batch_size, name
-        self.dropped = 0
-        for _ in range(prefetch):
-            self.request()
-
-    def request(self) -> None:
-        """Ask for one more batch."""
-        wire.send(self.sock, "sample", self.name, 0, {"n": self.batch_size})
-
-    def next(self, timeout_ms: int) -> dict[str, np.ndarray] | None:
-        """The next batch, or None after `timeout_ms`; immediately re-requests so the pipe stays full."""
-        while self.sock.poll(timeout_ms):
-            try:
-                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            except wire.WireError:
-                self.dropped += 1
-                continue
-            if msg.kind != "batch" or any(f not in msg.arrays for f in BATCH_FIELDS):
-                self.dropped += 1
-                continue
-            self.request()
-            return msg.arrays
-        return None
-
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
-        """Send new priorities back (fire and forget; the shard ignores stale keys)."""
-        wire.send(self.sock, "priorities", self.name, 0, None, {"keys": keys, "priority": priorities})
+    return job.algo.load("learner")(LearnerSetup(job, info, device, rank, world, distribute))
 
 
-def shards_for_rank(rank: int, world: int, shards: int) -> list[int]:
-    """Replay shards a rank samples from: its own (r, r+world, ...), or a shared one when shards < ranks."""
-    mine = list(range(rank, shards, world))
-    return mine or [rank % shards]
+class LearnerShell:
+    """One rank's loop: gather a batch, agree on stopping, update, publish, checkpoint, report."""
+
+    def __init__(self, rc: RoleContext, stop: StopFlag, device: torch.device):
+        job = rc.job
+        self.rc, self.stop, self.job = rc, stop, job
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        torch.set_num_threads(1)
+        torch.manual_seed(job.job.seed)  # identical initial parameters on every rank
+        self.info = probe_space_info(job.env)
+        self.device = device
+        self.core = build_core(job, self.info, device, self.rank, self.world)
+        self.model = self.core.model
+        self.net = wire.SecureContext(rc.keys)
+        self.control = ControlClient(self.net, rc)
+        if job.algo.data == REPLAY:
+            self.source = ReplaySource(self.net, rc.endpoints["replay"], job.algorithm, self.rank, self.world, rc.name)
+        else:
+            layout = job.algo.load("actor").layout
+            self.source = RolloutSource(self.net, rc.binds[f"rollouts-{self.rank}"], job, self.info, layout,
+                                        self.rank, self.world, device)
+        self.pub = WeightPublisher(self.net, rc.binds["weights"], rc.name, rc.weight_board) if self.rank == 0 else None
+        self.waiting = zmq.Poller()  # data, or (rank 0) a new subscriber to welcome with the current weights
+        self.waiting.register(self.source.sock, zmq.POLLIN)
+        if self.pub is not None:
+            self.waiting.register(self.pub.sock, zmq.POLLIN)
+        self.updates = self.version = self.saves = 0
+        self.chain = ""  # hash chain of this rank's parameter digests after every update (compared across ranks)
+        self.last_publish, self.republish_s = 0.0, REPUBLISH_FIRST_S
+
+    # -- weights and checkpoints --------------------------------------------
+    def publish(self, again: bool = False) -> None:
+        """Rank 0: send the current version to collectors and evaluator."""
+        if self.pub is not None:
+            self.pub.publish(self.version, self.model)
+            self.last_publish = time.monotonic()
+            self.republish_s = min(2 * self.republish_s, REPUBLISH_MAX_S) if again else REPUBLISH_FIRST_S
+
+    def republish_if_due(self) -> None:
+        """While waiting: the current weights again to subscribers that just joined, and now and then in case a
+        subscription is still on its way."""
+        if self.pub is not None and (self.pub.joined() or time.monotonic() - self.last_publish >= self.republish_s):
+            self.publish(again=True)
+
+    def checkpoint(self) -> None:
+        """Rank 0: model, the core's state (optimizer, target, counters) and the shell's counters."""
+        self.saves += 1
+        job = self.job
+        payload = {"algorithm": job.algorithm.name, "job": resolved_dict(job), "space": self.info.to_dict(),
+                   "model": self.model.state_dict(), "core": self.core.state_dict(), "updates": self.updates,
+                   "version": self.version, "time": time.time()}
+        save_checkpoint(self.rc.checkpoint_dir, payload, "latest.pt", self.saves, job.logging.checkpoint_keep_every)
+
+    # -- the loop ------------------------------------------------------------
+    def gather(self) -> dict | None:
+        """The next batch, or None once this rank is told to stop."""
+        since = time.monotonic()
+        while True:
+            batch = self.source.take(self.version)
+            if batch is not None:
+                return batch
+            if self.stop or self.control.stop_requested():
+                self.stop.requested = True
+                return None
+            self.republish_if_due()
+            # Only after a whole interval of waiting: a due heartbeat sent from here in a round's ordinary wait took
+            # the place of the one after the update, which carries the losses and rates (a fast run reported none).
+            if self.control.due() and time.monotonic() - since >= self.control.interval:
+                self.control.heartbeat({"rank": self.rank, M.UPDATES: self.updates, M.WAITING: 1,
+                                        **self.source.metrics()})
+            self.waiting.poll(50)
+
+    def agree_to_stop(self, stopping: bool) -> bool:
+        """All ranks stop at the same update, so none is left inside a collective. Asynchronously: while rank 0
+        waits here for a rank whose collectors have not seen the weights yet (their subscription completed after
+        the last publication), it must keep re-publishing them, or both wait forever."""
+        if self.world == 1:
+            return stopping
+        flag = torch.tensor([float(stopping)])
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        while not work.is_completed():
+            self.republish_if_due()
+            time.sleep(0.0001)
+        work.wait()
+        return bool(flag.item())
+
+    def run(self) -> None:
+        """Update until the stop; then a last checkpoint and the final heartbeat."""
+        rc, control, core = self.rc, self.control, self.core
+        self.publish()
+        print(f"{rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device}, "
+              f"{sum(p.numel() for p in self.model.parameters())} parameters", flush=True)
+        next_ckpt = time.monotonic() + self.job.logging.checkpoint_interval_s
+        totals: dict = {}
+        last_t, last_updates, samples, n, wait_s = time.monotonic(), 0, 0, 0, 0.0
+        while True:
+            if self.updates % STOP_CHECK_EVERY == 0 and control.stop_requested():
+                self.stop.requested = True
+            t0 = time.monotonic()
+            batch = None if self.stop else self.gather()
+            if self.agree_to_stop(batch is None):
+                break
+            wait_s += time.monotonic() - t0
+            result = core.update(batch)
+            self.source.feedback(batch, result)
+            self.updates += 1
+            samples += result.samples
+            n += 1
+            for k, v in result.stats.items():  # summed as they come (tensors too): converted once per heartbeat
+                totals[k] = totals[k] + v if k in totals else v
+            if self.updates % core.publish_interval == 0:
+                self.version = self.updates
+                self.publish()
+            if self.world > 1:
+                self.chain = hashlib.sha256((self.chain + parameter_digest(self.model)).encode()).hexdigest()
+            now = time.monotonic()
+            if self.rank == 0 and now >= next_ckpt:
+                self.checkpoint()
+                next_ckpt = now + self.job.logging.checkpoint_interval_s
+            if control.due(now):
+                dt = max(now - last_t, 1e-9)
+                control.heartbeat({
+                    "rank": self.rank, **{k: float(v) / n for k, v in totals.items()}, **self.source.metrics(),
+                    M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0,
+                    M.UPDATES_PER_S: (self.updates - last_updates) / dt,
+                    M.SAMPLES_PER_S: samples * self.world / dt, M.DATA_WAIT_FRAC: wait_s / dt,
+                    **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})
+                totals, last_t, last_updates, samples, n, wait_s = {}, now, self.updates, 0, 0, 0.0
+        self.version = self.updates
+        if self.rank == 0:
+            self.checkpoint()
+            self.publish()
+        digest = parameter_digest(self.model)
+        control.send("heartbeat", {"pid": os.getpid(), "rank": self.rank, "metrics": {
+            "rank": self.rank, M.UPDATES: self.updates, M.VERSION: self.version, M.PARAM_DIGEST: digest,
+            M.DIGEST_CHAIN: self.chain, M.FINAL: 1, **self.source.metrics()}})
+        print(f"{rc.name}: stopped after {self.updates} updates (version {self.version}); parameter digest "
+              f"{digest[:16]}", flush=True)
+
+    def close(self) -> None:
+        """Remove the weight board and close every socket."""
+        if self.pub is not None:
+            self.pub.close()
+        self.net.close()
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
-    """The learner loop."""
-    job, algo = rc.job, rc.job.algorithm
+    """The learner process: process group, shell, clean up."""
     device = learner_device(rc)
     pin_collective_interface()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if algo.name not in OFF_POLICY:
-        rollout_learner.run(rc, stop, device)
+    try:
+        shell = LearnerShell(rc, stop, device)
+        try:
+            shell.run()
+        finally:
+            shell.close()
+    finally:
         dist.destroy_process_group()
-        return
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    torch.manual_seed(job.job.seed)
-    info = probe_space_info(job.env)
-    online = build_policy(job, info).to(device)
-    target = copy.deepcopy(online)
-    # DDP only where there is something to average: with one rank its hooks cost 25-50% of a small update.
-    model = DDP(online, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else online
-    # Fused Adam: one kernel for all parameters (about 20% of a small network's update on CPU).
-    opt = build_optimizer("adam", online.parameters(), lr=algo.lr, eps=algo.adam_eps)
-
-    net = wire.SecureContext(rc.keys)
-    control = ControlClient(net, rc)
-    endpoints = rc.endpoints["replay"]
-    stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
-                          algo.batch_size, algo.prefetch, rc.name)
-    pub = WeightPublisher(net, rc.binds["weights"], rc.name, rc.weight_board) if rank == 0 else None
-    version = 0
-
-    def publish() -> None:
-        pub.publish(version, online)
-
-    def checkpoint() -> None:
-        payload = {"algorithm": algo.name, "job": resolved_dict(job), "space": info.to_dict(),
-                   "model": online.state_dict(), "target": target.state_dict(),
-                   "optimizer": opt.state_dict(), "updates": updates, "version": version, "time": time.time()}
-        save_checkpoint(rc.checkpoint_dir, payload, "latest.pt", saves, job.logging.checkpoint_keep_every)
-
-    updates, saves = 0, 0
-    if pub is not None:
-        publish()
-    print(f"{rc.name}: rank {rank}/{world} on {device}, {sum(p.numel() for p in online.parameters())} parameters",
-          flush=True)
-    next_ckpt = time.monotonic() + job.logging.checkpoint_interval_s
-    loss_sum = q_sum = wait_s = 0.0
-    n_sum, last_updates, last_t = 0, 0, time.monotonic()
-    stop_flag = torch.zeros(1)
-    while True:
-        if updates % 8 == 0 and control.stop_requested():
-            stop.requested = True
-        if world > 1:
-            # Ranks agree to stop at the same update so no rank is left inside a collective.
-            stop_flag.fill_(float(bool(stop)))
-            dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
-            if stop_flag.item():
-                break
-        elif stop:
-            break
-        t0 = time.monotonic()
-        batch = None
-        while batch is None:
-            batch = stream.next(100)
-            if batch is None and pub is not None and pub.joined():
-                publish()  # a subscriber that just joined acts with the learner's current weights at once
-            # Only after a whole interval of waiting, so the heartbeat after an update (losses, rates) is not
-            # replaced by this one whenever it falls due during a short wait.
-            if batch is None and control.due() and time.monotonic() - t0 >= control.interval:
-                control.heartbeat({"rank": rank, "learner/updates": updates, "learner/waiting": 1})
-            if batch is None and world == 1 and (stop or control.stop_requested()):
-                break
-        if batch is None:
-            break
-        wait_s += time.monotonic() - t0
-        obs = torch.from_numpy(np.array(batch["obs"])).to(device)
-        next_obs = torch.from_numpy(np.array(batch["next_obs"])).to(device)
-        actions = torch.from_numpy(np.array(batch["action"], dtype=np.int64)).to(device)
-        rewards = torch.from_numpy(np.array(batch["reward"], dtype=np.float32)).to(device)
-        discounts = torch.from_numpy(np.array(batch["discount"], dtype=np.float32)).to(device)
-        weights = torch.from_numpy(np.array(batch["weights"], dtype=np.float32)).to(device)
-        # One forward over [s; s'] through DDP: Q(s) for the loss, Q_online(s') for double-DQN action choice.
-        both = model(torch.cat([obs, next_obs]))
-        q, next_q_online = both[: len(obs)], both[len(obs):].detach()
-        with torch.no_grad():
-            y = targets_from_q(next_q_online, target(next_obs), rewards, discounts, algo.double)
-        loss, td_abs = td_loss(q, actions, y, weights)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(online.parameters(), algo.grad_clip, foreach=True)
-        optimizer_step(opt)
-        stream.update_priorities(np.array(batch["keys"]), td_abs.cpu().numpy().astype(np.float32))
-        updates += 1
-        loss_sum += float(loss.detach())
-        q_sum += float(q.detach().mean())
-        n_sum += 1
-        if updates % algo.target_update_interval == 0:
-            target.load_state_dict(online.state_dict())
-        if pub is not None and updates % algo.publish_interval == 0:
-            version = updates
-            publish()
-        now = time.monotonic()
-        if rank == 0 and now >= next_ckpt:
-            saves += 1
-            checkpoint()
-            next_ckpt = now + job.logging.checkpoint_interval_s
-        if control.due(now):
-            dt = max(now - last_t, 1e-9)
-            rate = (updates - last_updates) / dt
-            control.heartbeat({
-                "rank": rank, "losses/td_loss": loss_sum / max(n_sum, 1), "learner/q_mean": q_sum / max(n_sum, 1),
-                "learner/updates": updates, "learner/updates_per_s": rate, "learner/waiting": 0,
-                "learner/samples_per_s": rate * algo.batch_size * world, "learner/version": version,
-                "learner/sample_wait_frac": wait_s / dt, "net/dropped": stream.dropped,
-            })
-            loss_sum = q_sum = wait_s = 0.0
-            n_sum, last_updates, last_t = 0, updates, now
-    if rank == 0:
-        saves += 1
-        checkpoint()
-        if pub is not None:
-            version = max(version, updates)
-            publish()
-    control.send("heartbeat", {"pid": os.getpid(), "rank": rank, "metrics": {
-        "rank": rank, "learner/updates": updates, "learner/version": version,
-        "learner/param_digest": parameter_digest(online), "learner/final": 1}})
-    print(f"{rc.name}: stopped after {updates} updates; parameter digest {parameter_digest(online)[:16]}", flush=True)
-    if pub is not None:
-        pub.close()
-    net.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Ape-X DQN: double, dueling, n-step DQN over prioritized replay shards, with the Ape-X epsilon ladder."""

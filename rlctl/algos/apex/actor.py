@@ -1,0 +1,57 @@
+"""Ape-X's actor core: epsilon-greedy over the Q-values, n-step transitions and their initial priorities."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlctl.algos.apex.dqn import ChunkedNStep, EpsilonGreedy, epsilon_ladder
+from rlctl.algos.base import ActorCore, ActorSetup, Block
+from rlctl.models import QNetwork
+
+
+def build_model(job, info) -> QNetwork:
+    """The dueling (or plain) MLP Q-network of an Ape-X job."""
+    if not info.discrete:
+        raise ValueError(f"{job.algorithm.name} needs a Discrete action space; {job.env.id} has a Box one "
+                         "(use ppo, appo or impala)")
+    if job.model.encoder != "mlp":
+        raise ValueError(f"{job.algorithm.name} supports model.encoder = 'mlp' only")
+    return QNetwork(info.obs_shape, info.n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
+
+
+class ApexActor(ActorCore):
+    """Acts epsilon-greedily (each env slot of the job at its own rung of the ladder) and cuts n-step transitions
+    into chunks of `send_batch`; the acting Q-values give each transition's initial priority."""
+
+    def __init__(self, setup: ActorSetup):
+        super().__init__(setup)
+        algo, n_envs, info = setup.job.algorithm, setup.num_envs, setup.info
+        # The ladder runs over every env slot of the job, so each slot explores at its own rate.
+        ladder = epsilon_ladder(setup.job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
+        self.eps = ladder[setup.rank * n_envs:(setup.rank + 1) * n_envs]
+        self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
+        # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step.
+        self.chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, info.obs_shape, np.dtype(info.obs_dtype),
+                                    chunk=-(-algo.send_batch // n_envs), n_actions=info.n_actions)
+        self.model = setup.model
+        self.q: torch.Tensor | None = None
+
+    def describe(self) -> str:
+        """One line for the log."""
+        return f"eps {self.eps.min():.4f}..{self.eps.max():.4f}"
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Epsilon-greedy actions over Q(obs)."""
+        self.q = self.model(torch.from_numpy(obs))
+        return self.explore(self.q)
+
+    def record(self, obs, actions, rewards, next_obs, terminated, truncated) -> bool:
+        """Store the step with the Q-values it was acted on."""
+        return self.chunker.add(obs, actions, rewards, next_obs, terminated, truncated, q=self.q.numpy())
+
+    def take(self) -> Block:
+        """Every transition the chunk completed, with its initial priority."""
+        rewards, done, valid = self.chunker.fresh_steps()
+        rewards = rewards.copy()  # a view of rows that take() moves
+        return Block(self.chunker.take(), rewards, done, valid)

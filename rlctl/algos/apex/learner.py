@@ -1,0 +1,66 @@
+"""Ape-X's learner core: double (or plain) n-step DQN targets, importance-weighted Huber loss, new priorities."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from rlctl.algos.apex.actor import build_model
+from rlctl.algos.apex.dqn import targets_from_q, td_loss
+from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
+from rlctl.optim import build_optimizer, optimizer_step
+
+
+class ApexLearner(LearnerCore):
+    """Online and target Q-networks and fused Adam; `update` takes a batch sampled from replay."""
+
+    def __init__(self, setup: LearnerSetup):
+        super().__init__(setup)
+        algo, device = setup.algo, setup.device
+        self.algo, self.device = algo, device
+        self.model = build_model(setup.job, setup.info).to(device)
+        self.target = copy.deepcopy(self.model)
+        self.train_model = setup.distribute(self.model)
+        # Fused Adam: one kernel for all parameters (about 20% of a small network's update on CPU).
+        self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
+        self.publish_interval = algo.publish_interval
+        self.updates = 0
+
+    def _tensor(self, a: np.ndarray, dtype=None) -> torch.Tensor:
+        return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device)
+
+    def update(self, batch: dict) -> UpdateResult:
+        """One double-DQN step on n-step transitions; priorities |TD| for the sampled keys."""
+        algo = self.algo
+        obs, next_obs = self._tensor(batch["obs"]), self._tensor(batch["next_obs"])
+        actions = self._tensor(batch["action"], np.int64)
+        rewards = self._tensor(batch["reward"], np.float32)
+        discounts = self._tensor(batch["discount"], np.float32)
+        weights = self._tensor(batch["weights"], np.float32)
+        # One forward over [s; s'] through DDP: Q(s) for the loss, Q_online(s') for double-DQN action choice.
+        both = self.train_model(torch.cat([obs, next_obs]))
+        q, next_q_online = both[: len(obs)], both[len(obs):].detach()
+        with torch.no_grad():
+            y = targets_from_q(next_q_online, self.target(next_obs), rewards, discounts, algo.double)
+        loss, td_abs = td_loss(q, actions, y, weights)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip, foreach=True)
+        optimizer_step(self.opt)
+        self.updates += 1
+        if self.updates % algo.target_update_interval == 0:
+            self.target.load_state_dict(self.model.state_dict())
+        stats = {"losses/td_loss": loss.detach(), "learner/q_mean": q.detach().mean()}
+        return UpdateResult(stats, len(obs), td_abs.cpu().numpy().astype(np.float32))
+
+    def state_dict(self) -> dict:
+        """Target network, optimizer and update count."""
+        return {"target": self.target.state_dict(), "optimizer": self.opt.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned."""
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])

@@ -1,0 +1,126 @@
+"""The seam between the shells (roles/learner.py, roles/collector.py) and an algorithm's own code.
+
+A `LearnerCore` is the update math of one learner rank: the learner shell builds it, hands it batches from the
+algorithm's data path and asks it for its state; process group, DDP, seeding, the data source, stop agreement,
+weight publication, checkpoints and heartbeats are the shell's. An `ActorCore` acts inside the collector shell and
+decides what experience to record and when to cut it; envs, weights, episodes, heartbeats and sending are the
+shell's. Both are plain objects: tests run them in-process, without torchrun or sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from rlctl.envs import SpaceInfo
+
+
+@dataclass
+class LearnerSetup:
+    """What a learner core is built from: the job, the env's spaces, where it runs and how to distribute."""
+
+    job: Any  # spec.JobSpec
+    info: SpaceInfo
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    # Wraps the module a core trains through (DDP when world > 1, the module itself otherwise).
+    distribute: Callable[[nn.Module], nn.Module] = lambda module: module
+
+    @property
+    def algo(self):
+        """The job's `[algorithm]` section."""
+        return self.job.algorithm
+
+
+@dataclass
+class UpdateResult:
+    """One update's figures: statistics (metric name -> float or 0-d tensor, averaged between heartbeats),
+    samples trained on, and for replay data new priorities of the sampled items (in batch order)."""
+
+    stats: dict[str, Any]
+    samples: int
+    priorities: np.ndarray | None = None
+
+
+class LearnerCore:
+    """An algorithm's update rule on one rank. Subclasses set `model` (the network actors run) in __init__."""
+
+    model: nn.Module
+    publish_interval: int = 1  # updates between weight publications (each one a new policy version)
+
+    def __init__(self, setup: LearnerSetup):
+        self.setup = setup
+
+    def update(self, batch: dict) -> UpdateResult:
+        """Train on one batch: numpy arrays as sampled from replay, or [T(+1), B, ...] tensors of rollouts."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """Everything besides `model` a checkpoint keeps (optimizer, target network, counters)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned."""
+
+
+@dataclass
+class ActorSetup:
+    """What an actor core is built from."""
+
+    job: Any  # spec.JobSpec
+    info: SpaceInfo
+    model: nn.Module  # the policy, loaded with each new version by the shell
+    rank: int  # collector rank
+    num_envs: int
+    seed: int
+
+
+@dataclass
+class Block:
+    """A cut of experience: the arrays to send, and (reward, done, valid) [steps, envs] of the env steps it
+    consumed, for the shell's episode accounting."""
+
+    arrays: dict[str, np.ndarray]
+    rewards: np.ndarray
+    done: np.ndarray
+    valid: np.ndarray
+    extra: dict = field(default_factory=dict)
+
+
+class ActorCore:
+    """Acting and cutting experience for one collector (its vector env's every slot).
+
+    The shell calls `begin(version)` before a block (weights only change between blocks), then per vector step
+    `act(obs)` and `record(...)` until record returns True, then `take()`. It runs under torch.no_grad.
+    """
+
+    kind = "experience"  # message kind of what take() returns
+
+    def __init__(self, setup: ActorSetup):
+        self.setup = setup
+
+    def describe(self) -> str:
+        """What the log's first line says of this actor (e.g. its exploration rates)."""
+        return ""
+
+    def begin(self, version: int) -> bool:
+        """Start a block acting with weights `version` (-1: none yet); False to wait for other weights."""
+        return True
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """The env actions for one vector step."""
+        raise NotImplementedError
+
+    def record(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
+               terminated: np.ndarray, truncated: np.ndarray) -> bool:
+        """Store one vector step; True when a block is ready to take."""
+        raise NotImplementedError
+
+    def take(self) -> Block:
+        """The ready block."""
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""The rollout algorithms: synchronous PPO, asynchronous PPO (APPO) and IMPALA (V-trace)."""

@@ -1,0 +1,62 @@
+"""Every metric name, in one place: roles send them in heartbeats, the supervisor aggregates them, TensorBoard,
+state.json and the live table show them. Fixed namespaces (as CleanRL): `charts/` (env steps, episodes),
+`losses/`, `learner/`, `replay/`, `collector/`, `eval/`, `net/`. Standard library only (the CLI path reads it).
+"""
+
+# Run-level figures (the supervisor's MetricsHub).
+ENV_STEPS = "charts/env_steps"
+ENV_STEPS_PER_S = "charts/env_steps_per_s"
+EPISODES = "charts/episodes"
+EPISODE_RETURN = "charts/episode_return"
+EPISODE_RETURN_MEAN = "charts/episode_return_mean"
+EPISODE_LENGTH_MEAN = "charts/episode_length_mean"
+
+# Losses (learner cores).
+TD_LOSS = "losses/td_loss"
+POLICY_LOSS = "losses/policy_loss"
+VALUE_LOSS = "losses/value_loss"
+ENTROPY = "losses/entropy"
+APPROX_KL = "losses/approx_kl"
+CLIPFRAC = "losses/clipfrac"
+
+# Learner shell.
+UPDATES = "learner/updates"
+UPDATES_PER_S = "learner/updates_per_s"
+SAMPLES_PER_S = "learner/samples_per_s"
+VERSION = "learner/version"
+WAITING = "learner/waiting"
+DATA_WAIT_FRAC = "learner/data_wait_frac"  # share of the time the learner waited for samples or rollouts
+Q_MEAN = "learner/q_mean"
+LR = "learner/lr"
+POLICY_LAG_MEAN = "learner/policy_lag_mean"
+ROLLOUTS_DROPPED = "learner/rollouts_dropped"
+PARAM_DIGEST = "learner/param_digest"
+DIGEST_CHAIN = "learner/digest_chain"
+FINAL = "learner/final"
+
+# Replay shards.
+REPLAY_SIZE = "replay/size"
+REPLAY_INSERTED = "replay/inserted"
+REPLAY_INSERT_PER_S = "replay/insert_per_s"
+REPLAY_SAMPLED_PER_S = "replay/sampled_per_s"
+REPLAY_PENDING = "replay/pending_requests"
+
+# Collectors (per process; the hub sums them into ENV_STEPS and ENV_STEPS_PER_S).
+COLLECTOR_ENV_STEPS = "env_steps"
+COLLECTOR_WEIGHT_VERSION = "collector/weight_version"
+COLLECTOR_WEIGHT_VERSION_LAG = "collector/weight_version_lag"
+COLLECTOR_SENT = "collector/sent"
+EPISODE_RETURNS = "episode_returns"  # lists of the episodes that ended since the last heartbeat
+EPISODE_LENGTHS = "episode_lengths"
+
+# Evaluator.
+EVAL_RETURN_MEAN = "eval/return_mean"
+EVAL_RETURN_MIN = "eval/return_min"
+EVAL_LENGTH_MEAN = "eval/length_mean"
+EVAL_VERSION = "eval/version"
+EVAL_ROUNDS = "eval/rounds"
+EVAL_STREAK = "eval/streak"
+
+# Every process.
+NET_DROPPED = "net/dropped"
+NET_REFUSED = "net/refused"

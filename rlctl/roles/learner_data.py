@@ -1,0 +1,181 @@
+"""Where a learner rank's batches come from, one class per data path of the registry (rlctl.algos):
+
+* `ReplaySource` (`replay`): batches sampled from this rank's replay shard(s), `prefetch` requests always in
+  flight, new priorities sent back;
+* `RolloutSource` (`rollouts`): this rank's PULL socket; collector c sends to rank c % ranks. Synchronous
+  algorithms (PPO) take one rollout of the current version from each of the rank's collectors, older ones are
+  dropped and counted; asynchronous ones (APPO, IMPALA) take `rollouts_per_batch` within `max_policy_lag`.
+
+Both expose `sock` (for the shell's poller), `take(version)` (a batch, or None if it is not complete yet, never
+blocking), `feedback(batch, result)` and `metrics()`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import zmq
+
+from rlctl import metric_names as M
+from rlctl import wire
+from rlctl.algos.base import UpdateResult
+from rlctl.envs import SpaceInfo
+
+# Every sampled batch carries these (the rest is the algorithm's item layout, which its core reads).
+SAMPLE_FIELDS = ("keys", "weights")
+ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
+
+
+class SampleStream:
+    """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
+
+    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str):
+        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000)
+        self.batch_size, self.name = batch_size, name
+        self.dropped = 0
+        for _ in range(prefetch):
+            self.request()
+
+    def request(self) -> None:
+        """Ask for one more batch."""
+        wire.send(self.sock, "sample", self.name, 0, {"n": self.batch_size})
+
+    def next(self, timeout_ms: int) -> dict[str, np.ndarray] | None:
+        """The next batch, or None after `timeout_ms`; immediately re-requests so the pipe stays full."""
+        while self.sock.poll(timeout_ms):
+            try:
+                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            except wire.WireError:
+                self.dropped += 1
+                continue
+            if msg.kind != "batch" or any(f not in msg.arrays for f in SAMPLE_FIELDS):
+                self.dropped += 1
+                continue
+            self.request()
+            return msg.arrays
+        return None
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Send new priorities back (fire and forget; the shard ignores stale keys)."""
+        wire.send(self.sock, "priorities", self.name, 0, None, {"keys": keys, "priority": priorities})
+
+
+def shards_for_rank(rank: int, world: int, shards: int) -> list[int]:
+    """Replay shards a rank samples from: its own (r, r+world, ...), or a shared one when shards < ranks."""
+    mine = list(range(rank, shards, world))
+    return mine or [rank % shards]
+
+
+class ReplaySource:
+    """The replay data path: sampled batches in, priorities out."""
+
+    def __init__(self, net: wire.SecureContext, endpoints: list[dict], algo, rank: int, world: int, name: str):
+        self.stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
+                                   algo.batch_size, algo.prefetch, name)
+        self.sock = self.stream.sock
+
+    def take(self, version: int) -> dict[str, np.ndarray] | None:
+        """A sampled batch if one has arrived."""
+        return self.stream.next(0)
+
+    def feedback(self, batch: dict, result: UpdateResult) -> None:
+        """The core's new priorities for the sampled keys."""
+        if result.priorities is not None:
+            self.stream.update_priorities(np.array(batch["keys"]), result.priorities)
+
+    def metrics(self) -> dict:
+        """Figures for the heartbeat."""
+        return {M.NET_DROPPED: self.stream.dropped}
+
+
+class RolloutInbox:
+    """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict):
+        # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
+        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does.
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER)
+        self.layout = layout
+        self.dropped = 0
+
+    def _valid(self, msg: wire.Message) -> bool:
+        if msg.kind != "rollout" or msg.arrays.keys() != self.layout.keys():
+            return False
+        n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
+        for name, (rows, trailing, dtype) in self.layout.items():
+            a = msg.arrays[name]
+            if a.dtype != dtype or a.shape != (rows, n_envs, *trailing) or n_envs < 1:
+                return False
+        return True
+
+    def receive(self, limit: int) -> list[wire.Message]:
+        """Up to `limit` rollouts that are waiting (the rest stay queued, as backpressure)."""
+        out: list[wire.Message] = []
+        for _, msg in wire.receive_waiting(self.sock):
+            if msg is None or not self._valid(msg):
+                self.dropped += 1
+            else:
+                out.append(msg)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def collector_index(sender: str) -> int:
+    """`collector-3` -> 3 (-1 for anything else)."""
+    role, _, rank = sender.rpartition("-")
+    return int(rank) if role == "collector" and rank.isdigit() else -1
+
+
+def stack_rollouts(msgs: list[wire.Message], device: torch.device) -> dict[str, torch.Tensor]:
+    """Concatenate rollouts along the env axis into [T(+1), B, ...] tensors on `device`."""
+    return {k: torch.from_numpy(np.concatenate([m.arrays[k] for m in msgs], axis=1)).to(device)
+            for k in msgs[0].arrays}
+
+
+class RolloutSource:
+    """The rollouts data path: this rank's share of the collectors' rollouts, stacked for the core."""
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, job, info: SpaceInfo, layout, rank: int, world: int,
+                 device: torch.device):
+        algo = job.algorithm
+        self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info))
+        self.sock = self.inbox.sock
+        self.device = device
+        self.synchronous = job.algo.synchronous
+        self.mine = {c for c in range(job.collector_count) if c % world == rank}
+        self.per_batch = len(self.mine) if self.synchronous else algo.rollouts_per_batch
+        self.max_lag = 0 if self.synchronous else algo.max_policy_lag
+        self.got: dict[int, wire.Message] = {}  # the batch being gathered, by collector (synchronous) or arrival
+        self.stale = 0
+        self.lags: list[int] = []
+
+    def take(self, version: int) -> dict[str, torch.Tensor] | None:
+        """This version's batch once complete: PPO one current rollout per own collector; else enough rollouts
+        within the lag bound."""
+        for msg in self.inbox.receive(max(self.per_batch - len(self.got), 1)):
+            lag = version - msg.version
+            c = collector_index(msg.sender)
+            if self.synchronous and lag == 0 and c in self.mine:
+                self.got[c] = msg
+            elif not self.synchronous and 0 <= lag <= self.max_lag:
+                self.got[len(self.got)] = msg
+            else:
+                self.stale += 1  # from an older version (a collector that fell behind or restarted)
+        if len(self.got) < self.per_batch:
+            return None
+        msgs = [self.got[k] for k in sorted(self.got)]
+        self.got = {}
+        self.lags.extend(version - m.version for m in msgs)
+        return stack_rollouts(msgs, self.device)
+
+    def feedback(self, batch: dict, result: UpdateResult) -> None:
+        """Nothing goes back to collectors but the next weights."""
+
+    def metrics(self) -> dict:
+        """Policy lag since the last call, rollouts dropped as stale, malformed messages."""
+        lag = float(np.mean(self.lags)) if self.lags else 0.0
+        self.lags = []
+        return {M.POLICY_LAG_MEAN: lag, M.ROLLOUTS_DROPPED: self.stale, M.NET_DROPPED: self.inbox.dropped}
