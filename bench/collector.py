@@ -264,16 +264,19 @@ BARE_SECTIONS = ("QNetwork.forward", "EpsilonGreedy.call", "env.step")
 
 def child_profile() -> None:
     """The real rlctl.roles.collector.run, with the callees it looks up in its module wrapped by timers."""
+    import rlctl.algos.apex.actor as A
     import rlctl.roles.collector as C
     from rlctl.roles.context import RoleContext, StopFlag
 
     stop = StopFlag()  # first, as role_main does
     sec = _Sections()
-    for name, methods in {"WeightSubscriber": ["poll"], "ExperienceSender": ["try_send"],
-                          "ControlClient": ["heartbeat"], "QNetwork": ["forward"], "EpsilonGreedy": ["__call__"],
-                          "ChunkedNStep": ["add", "take"]}.items():
-        if hasattr(C, name):
-            setattr(C, name, sec.subclass(getattr(C, name), methods))
+    # The shell's parts in the collector module, Ape-X's in its actor core's module.
+    for module, names in ((C, {"WeightSubscriber": ["poll"], "ExperienceSender": ["try_send"],
+                               "ControlClient": ["heartbeat"]}),
+                          (A, {"QNetwork": ["forward"], "EpsilonGreedy": ["__call__"], "ChunkedNStep": ["add", "take"]})):
+        for name, methods in names.items():
+            if hasattr(module, name):
+                setattr(module, name, sec.subclass(getattr(module, name), methods))
     snap = {}
     warm_iters = 2000
     iters = [0]

@@ -9,6 +9,8 @@ from rlctl.algos.apex.dqn import ChunkedNStep, EpsilonGreedy, epsilon_ladder
 from rlctl.algos.base import ActorCore, ActorSetup, Block
 from rlctl.models import QNetwork
 
+MIN_CHUNK_STEPS = 64
+
 
 def build_model(job, info) -> QNetwork:
     """The dueling (or plain) MLP Q-network of an Ape-X job."""
@@ -31,9 +33,11 @@ class ApexActor(ActorCore):
         ladder = epsilon_ladder(setup.job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
         self.eps = ladder[setup.rank * n_envs:(setup.rank + 1) * n_envs]
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
-        # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step.
+        # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step; and at
+        # least MIN_CHUNK_STEPS steps, so that per-chunk costs stay small beside the steps also with many envs.
+        chunk = max(-(-algo.send_batch // n_envs), MIN_CHUNK_STEPS)
         self.chunker = ChunkedNStep(n_envs, algo.n_step, algo.gamma, info.obs_shape, np.dtype(info.obs_dtype),
-                                    chunk=-(-algo.send_batch // n_envs), n_actions=info.n_actions)
+                                    chunk=chunk, n_actions=info.n_actions)
         self.model = setup.model
         self.q: torch.Tensor | None = None
 

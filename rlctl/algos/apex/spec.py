@@ -38,6 +38,7 @@ class ApexSpec(Section):
     dueling: bool = True
     """Dueling value/advantage head."""
     send_batch: Annotated[int, Field(ge=1, le=1 << 20)] = 256
-    """Transitions a collector gathers before sending them to a replay shard."""
+    """Transitions a collector gathers before sending them to a replay shard (at least 64 steps of its envs, so
+    per-send costs stay small with many envs)."""
     prefetch: Annotated[int, Field(ge=1, le=64)] = 2
     """Sample requests each learner rank keeps in flight (pipelined sampling)."""
