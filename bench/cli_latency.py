@@ -119,7 +119,7 @@ def _state(run_id, job, status, sup_pid, started, ended, plan, rng) -> dict:
                "charts/episode_length_mean": rng.uniform(10, 500), "losses/td_loss": rng.uniform(0, 1),
                "learner/q_mean": rng.uniform(0, 100), "learner/updates": steps // 20,
                "learner/updates_per_s": rng.uniform(100, 400), "learner/samples_per_s": rng.uniform(1e4, 5e4),
-               "learner/version": steps // 20, "learner/sample_wait_frac": rng.uniform(0, 1),
+               "learner/version": steps // 20, "learner/data_wait_frac": rng.uniform(0, 1),
                "replay/size": 50000.0, "replay/insert_per_s": rng.uniform(1000, 10000),
                "replay/sampled_per_s": rng.uniform(1e4, 6e4), "replay/inserted": float(steps),
                "collector/weight_version_lag": 30.0, "eval/return_mean": rng.uniform(10, 500),

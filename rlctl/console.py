@@ -13,6 +13,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from rlctl import metric_names as M
 from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -218,8 +219,8 @@ def _run_row(rundir: RunDir) -> list:
         _styled(rundir.effective_status(state) if state else "unknown"),
         _local_time(state.get("started_at")),
         format_duration(_elapsed(state)),
-        format_rate(_num(metrics.get("charts/env_steps"))),
-        _format_float(metrics.get("charts/episode_return_mean")),
+        format_rate(_num(metrics.get(M.ENV_STEPS))),
+        _format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
         ", ".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "-",
     ]
 
@@ -297,10 +298,10 @@ def run_header(state: dict, now: float | None = None) -> str:
 
 def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
     """(policy lag, dropped rollouts) as text for the rollout algorithms; None for the others."""
-    lag = _num(metrics.get("learner/policy_lag_mean"))
+    lag = _num(metrics.get(M.POLICY_LAG_MEAN))
     if lag is None:
         return None
-    return f"{lag:.1f}", _format_count(metrics.get("learner/rollouts_dropped", 0))
+    return f"{lag:.1f}", _format_count(metrics.get(M.ROLLOUTS_DROPPED, 0))
 
 
 def _failure_text(state: dict) -> "Text | None":
@@ -344,19 +345,19 @@ def progress_line(state: dict, now: float | None = None) -> str:
     state = state if isinstance(state, dict) else {}
     metrics = _metrics(state)
     parts = [f"[{format_duration(_elapsed(state, now)):>7}]", status_of(state)]
-    steps = _num(metrics.get("charts/env_steps"))
-    steps_per_s = _num(metrics.get("charts/env_steps_per_s"))
+    steps = _num(metrics.get(M.ENV_STEPS))
+    steps_per_s = _num(metrics.get(M.ENV_STEPS_PER_S))
     if steps is not None:
         parts.append(f"env_steps={_format_count(steps)}" + (f" ({format_rate(steps_per_s)}/s)" if steps_per_s is not None else ""))
     elif steps_per_s is not None:
         parts.append(f"env_steps/s={format_rate(steps_per_s)}")
-    for label, key in (("return", "charts/episode_return_mean"), ("eval", "eval/return_mean")):
+    for label, key in (("return", M.EPISODE_RETURN_MEAN), ("eval", M.EVAL_RETURN_MEAN)):
         if _num(metrics.get(key)) is not None:
             parts.append(f"{label}={_format_float(metrics[key])}")
-    updates = _num(metrics.get("learner/updates_per_s"))
+    updates = _num(metrics.get(M.UPDATES_PER_S))
     if updates is not None:
         parts.append(f"updates/s={updates:.0f}" if abs(updates) < 1000 else f"updates/s={format_rate(updates)}")
-    samples = _num(metrics.get("learner/samples_per_s"))
+    samples = _num(metrics.get(M.SAMPLES_PER_S))
     if samples is not None:
         parts.append(f"samples/s={format_rate(samples)}")
     lag = _rollout_figures(metrics)

@@ -12,6 +12,8 @@ import struct
 import time
 from collections import deque
 
+from rlctl import metric_names as M
+
 
 class MetricsHub:
     """Aggregates per-process heartbeat metrics into run-level figures."""
@@ -27,8 +29,8 @@ class MetricsHub:
 
     def on_heartbeat(self, name: str, role: str, metrics: dict) -> None:
         """Take one process's heartbeat."""
-        returns = metrics.pop("episode_returns", None) or []
-        lengths = metrics.pop("episode_lengths", None) or []
+        returns = metrics.pop(M.EPISODE_RETURNS, None) or []
+        lengths = metrics.pop(M.EPISODE_LENGTHS, None) or []
         clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
         # Merge: a final heartbeat carries only a few figures and must not erase the last rates.
         self.latest[name] = {**self.latest.get(name, {}), **clean}
@@ -54,32 +56,32 @@ class MetricsHub:
         out: dict[str, float] = {}
         collectors = self._of("collector-")
         env_steps = sum(int(m.get("env_steps", 0)) for m in collectors) + sum(self.step_base.values())
-        out["charts/env_steps"] = env_steps
-        out["charts/env_steps_per_s"] = sum(float(m.get("charts/env_steps_per_s", 0.0)) for m in collectors)
-        out["charts/episodes"] = self.episodes
+        out[M.ENV_STEPS] = env_steps
+        out[M.ENV_STEPS_PER_S] = sum(float(m.get(M.ENV_STEPS_PER_S, 0.0)) for m in collectors)
+        out[M.EPISODES] = self.episodes
         if self.returns:
-            out["charts/episode_return_mean"] = sum(self.returns) / len(self.returns)
+            out[M.EPISODE_RETURN_MEAN] = sum(self.returns) / len(self.returns)
         if self.lengths:
-            out["charts/episode_length_mean"] = sum(self.lengths) / len(self.lengths)
+            out[M.EPISODE_LENGTH_MEAN] = sum(self.lengths) / len(self.lengths)
         learner = self.learner_ranks.get(0, {})
         for key, value in learner.items():
             if key.startswith(("losses/", "learner/")) and isinstance(value, (int, float)):
                 out[key] = value
         shards = self._of("replay-")
-        for key in ("replay/size", "replay/insert_per_s", "replay/sampled_per_s", "replay/inserted"):
+        for key in (M.REPLAY_SIZE, M.REPLAY_INSERT_PER_S, M.REPLAY_SAMPLED_PER_S, M.REPLAY_INSERTED):
             vals = [float(m[key]) for m in shards if key in m]
             if vals:
                 out[key] = sum(vals)
-        versions = [float(m["collector/weight_version"]) for m in collectors if "collector/weight_version" in m]
-        if versions and "learner/version" in learner:
-            out["collector/weight_version_lag"] = float(learner["learner/version"]) - sum(versions) / len(versions)
+        versions = [float(m[M.COLLECTOR_WEIGHT_VERSION]) for m in collectors if M.COLLECTOR_WEIGHT_VERSION in m]
+        if versions and M.VERSION in learner:
+            out[M.COLLECTOR_WEIGHT_VERSION_LAG] = float(learner[M.VERSION]) - sum(versions) / len(versions)
         evaluator = self._of("evaluator-")
-        for key in ("eval/return_mean", "eval/length_mean", "eval/version", "eval/streak"):
+        for key in (M.EVAL_RETURN_MEAN, M.EVAL_LENGTH_MEAN, M.EVAL_VERSION, M.EVAL_STREAK):
             vals = [float(m[key]) for m in evaluator if key in m]
             if vals:
                 out[key] = vals[0]
-        out["net/dropped"] = sum(int(m.get("net/dropped", 0)) for m in self.latest.values())
-        out["net/refused"] = sum(int(m.get("net/refused", 0)) for m in self.latest.values())
+        out[M.NET_DROPPED] = sum(int(m.get(M.NET_DROPPED, 0)) for m in self.latest.values())
+        out[M.NET_REFUSED] = sum(int(m.get(M.NET_REFUSED, 0)) for m in self.latest.values())
         return out
 
     def drain_episodes(self) -> list[float]:

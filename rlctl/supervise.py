@@ -22,6 +22,7 @@ from pathlib import Path
 
 import zmq
 
+from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.forkserver import FORKED_MODULES, ForkedProcess, ForkServer
 from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
@@ -39,10 +40,10 @@ SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds bac
 STOP_GRACE_S = 20.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
-    "collector": ("charts/env_steps_per_s", "env steps/s"),
-    "learner": ("learner/samples_per_s", "samples/s"),
-    "replay": ("replay/insert_per_s", "inserts/s"),
-    "evaluator": ("eval/return_mean", "eval return"),
+    "collector": (M.ENV_STEPS_PER_S, "env steps/s"),
+    "learner": (M.SAMPLES_PER_S, "samples/s"),
+    "replay": (M.REPLAY_INSERT_PER_S, "inserts/s"),
+    "evaluator": (M.EVAL_RETURN_MEAN, "eval return"),
 }
 
 
@@ -181,14 +182,14 @@ class StopCriteria:
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
         s = self.stop
-        if (s.eval_return is not None and m.get("eval/return_mean", float("-inf")) >= s.eval_return
-                and m.get("eval/streak", 0) >= s.eval_rounds):
+        if (s.eval_return is not None and m.get(M.EVAL_RETURN_MEAN, float("-inf")) >= s.eval_return
+                and m.get(M.EVAL_STREAK, 0) >= s.eval_rounds):
             rounds = f" ({s.eval_rounds} rounds in a row)" if s.eval_rounds > 1 else ""
             return f"eval/return_mean {m['eval/return_mean']:.1f} >= {s.eval_return:g}{rounds}"
         if (s.train_return is not None and episodes_seen >= s.train_return_window
-                and m.get("charts/episode_return_mean", float("-inf")) >= s.train_return):
+                and m.get(M.EPISODE_RETURN_MEAN, float("-inf")) >= s.train_return):
             return f"charts/episode_return_mean {m['charts/episode_return_mean']:.1f} >= {s.train_return:g}"
-        if s.env_steps is not None and m.get("charts/env_steps", 0) >= s.env_steps:
+        if s.env_steps is not None and m.get(M.ENV_STEPS, 0) >= s.env_steps:
             return f"charts/env_steps {m['charts/env_steps']} >= {s.env_steps}"
         if s.wall_s is not None and now - self.started >= s.wall_s:
             return f"wall time {now - self.started:.0f}s >= {s.wall_s:g}s"
@@ -230,7 +231,7 @@ class Supervisor:
     def state(self) -> dict:
         """The state.json document."""
         metrics = self.hub.snapshot()
-        metrics["net/dropped"] = metrics.get("net/dropped", 0) + self.control_dropped
+        metrics[M.NET_DROPPED] = metrics.get(M.NET_DROPPED, 0) + self.control_dropped
         return {
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
             "status": self.status, "supervisor_pid": os.getpid(), "started_at": self.started_at,
@@ -472,11 +473,11 @@ class Supervisor:
 
     def _write_tb(self, tb: TensorBoardWriter) -> None:
         snap = self.hub.snapshot()
-        step = int(snap.get("charts/env_steps", 0))
+        step = int(snap.get(M.ENV_STEPS, 0))
         episodes = self.hub.drain_episodes()
         values = {k: v for k, v in snap.items() if isinstance(v, (int, float))}
         if episodes:  # the episodes that ended since the last point
-            values["charts/episode_return"] = sum(episodes) / len(episodes)
+            values[M.EPISODE_RETURN] = sum(episodes) / len(episodes)
         tb.scalars(values, step)
         tb.flush()
 

@@ -487,18 +487,29 @@ def test_episode_tracker_blocks_agree_with_per_step_accounting(num_envs, blocks,
                 ret[e], length[e] = 0.0, 0
         prev = done[t]
 
-    tracker, counted, start, before = EpisodeTracker(num_envs), 0, 0, np.zeros(num_envs, dtype=bool)
-    for size in blocks:
-        block = slice(start, start + size)
-        valid = autoreset_valid(done[block], before)
-        counted += tracker.steps(rewards[block], done[block], valid)
-        before, start = done[start + size - 1], start + size
-    got = tracker.take()
-    assert counted == ref_valid
-    assert got["episode_lengths"] == ref_lengths
-    np.testing.assert_allclose(got["episode_returns"], ref_returns, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(tracker.ep_return, ret, rtol=1e-9, atol=1e-9)
-    np.testing.assert_array_equal(tracker.ep_length, length)
+    # Block by block (`steps`), and queued until `take` (`add`, as the collector does), cut at a random block.
+    cut = int(rng.integers(0, len(blocks) + 1))
+    for queued in (False, True):
+        tracker, counted, start, before = EpisodeTracker(num_envs), 0, 0, np.zeros(num_envs, dtype=bool)
+        got = {"episode_returns": [], "episode_lengths": []}
+        for i, size in enumerate(blocks):
+            block = slice(start, start + size)
+            valid = autoreset_valid(done[block], before)
+            counted += (tracker.add if queued else tracker.steps)(rewards[block], done[block], valid)
+            before, start = done[start + size - 1], start + size
+            if queued and i + 1 == cut:
+                assert tracker.ended == bool(done[:start].any())
+                part = tracker.take()
+                for k in got:
+                    got[k] += part[k]
+        part = tracker.take()
+        for k in got:
+            got[k] += part[k]
+        assert counted == ref_valid
+        assert got["episode_lengths"] == ref_lengths
+        np.testing.assert_allclose(got["episode_returns"], ref_returns, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(tracker.ep_return, ret, rtol=1e-9, atol=1e-9)
+        np.testing.assert_array_equal(tracker.ep_length, length)
 
 
 def test_shared_flat_storage_keeps_values_and_loads_in_one_copy():

@@ -187,6 +187,14 @@ BAD_CASES = {
                                   'replay_shards = 1\n[[hosts]]\nname = "b"\ncollectors = 2\n',
                                   "hosts[0].advertise_address", "remote hosts connect"),
     "hosts-not-array": (MINIMAL + '[hosts]\nname = "a"\n', "hosts", "valid list"),
+    "bad-wrapper": (MINIMAL.replace('id = "CartPole-v1"', 'id = "CartPole-v1"\nwrappers = ["no-colon"]'),
+                    "env.wrappers[0].name", "pattern"),
+    "wrapper-on-native-vector-env": (MINIMAL.replace('id = "CartPole-v1"', 'id = "CartPole-v1"\nwrappers = ["a:B"]\n'
+                                                     'vectorization = "vector_entry_point"'),
+                                     "env.wrappers", "cannot be wrapped"),
+    "r2d2-period-longer-than-sequence": (MINIMAL.replace('name = "apex"', 'name = "r2d2"\nburn_in = 2\n'
+                                                         'trace_length = 3\nsequence_period = 6'),
+                                         "algorithm.sequence_period", "longer than a sequence"),
     "toml-syntax": (MINIMAL + "[replay\nalpha = 0.5\n", "", "not valid TOML"),
     "toml-duplicate-key": (MINIMAL + "[replay]\nalpha = 0.5\nalpha = 0.6\n", "", "not valid TOML"),
 }
@@ -570,3 +578,38 @@ def test_eval_stop_needs_the_configured_rounds_in_a_row():
     assert criteria.reached({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0) == \
         "eval/return_mean 500.0 >= 475 (3 rounds in a row)"
     assert criteria.reached({"eval/return_mean": 400.0, "eval/streak": 0}, 0, 1.0) is None
+
+
+def test_env_wrappers_short_and_table_forms_round_trip(tmp_path):
+    text = MINIMAL.replace('id = "CartPole-v1"', 'id = "CartPole-v1"\nwrappers = ["rlctl.envs:MaskVelocity", '
+                           '{ name = "gymnasium.wrappers:TimeAwareObservation", kwargs = { flatten = true } }]')
+    spec = load_job(write(tmp_path, text))
+    assert [(w.name, w.kwargs) for w in spec.env.wrappers] == [
+        ("rlctl.envs:MaskVelocity", {}), ("gymnasium.wrappers:TimeAwareObservation", {"flatten": True})]
+    again = validate_job(tomllib.loads(dumps_toml(resolved_dict(spec))))
+    assert again == spec
+
+
+def test_mask_velocity_hides_cartpole_velocities():
+    import numpy as np
+
+    from rlctl.envs import make_vec_env
+
+    # Both sync: the native vector CartPole draws its resets differently.
+    plain = validate_job({"job": {"name": "p"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2,
+                                                       "vectorization": "sync"},
+                          "algorithm": {"name": "apex"}})
+    masked = validate_job({"job": {"name": "m"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2,
+                                                        "wrappers": ["rlctl.envs:MaskVelocity"]},
+                           "algorithm": {"name": "apex"}})
+    full, hidden = make_vec_env(plain.env), make_vec_env(masked.env)
+    assert hidden.single_observation_space.shape == (2,)
+    o_full, _ = full.reset(seed=5)
+    o_hidden, _ = hidden.reset(seed=5)
+    for _ in range(5):
+        np.testing.assert_allclose(o_hidden, o_full[:, [0, 2]])  # cart position and pole angle only
+        actions = np.array([0, 1])
+        o_full = full.step(actions)[0]
+        o_hidden = hidden.step(actions)[0]
+    full.close()
+    hidden.close()

@@ -72,6 +72,20 @@ class EpisodeTracker:
         self.ep_length = np.zeros(n_envs, dtype=np.int64)
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pending_ended = False
+
+    def add(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> int:
+        """Queue a [T, n_envs] block for accounting at the next `take` (the arrays are kept, not copied); returns
+        its valid steps. Accounting many blocks at once costs about what one block alone does."""
+        self.pending.append((rewards, done, valid))
+        self.pending_ended = self.pending_ended or bool(done.any())
+        return int(valid.sum())
+
+    @property
+    def ended(self) -> bool:
+        """Whether any episode ended since the last `take`."""
+        return bool(self.returns) or self.pending_ended
 
     def steps(self, rewards: np.ndarray, done: np.ndarray, valid: np.ndarray) -> int:
         """Account a [T, n_envs] block of steps (reset steps after an episode end are not `valid`); returns
@@ -103,6 +117,9 @@ class EpisodeTracker:
 
     def take(self) -> dict:
         """The finished episodes since the last call, as heartbeat fields."""
+        if self.pending:
+            self.steps(*(np.concatenate(parts) for parts in zip(*self.pending)))
+            self.pending, self.pending_ended = [], False
         out = {M.EPISODE_RETURNS: self.returns[-1000:], M.EPISODE_LENGTHS: self.lengths[-1000:]}
         self.returns, self.lengths = [], []
         return out
@@ -125,7 +142,7 @@ class CollectorReport:
     def __call__(self) -> None:
         """Send a heartbeat if one is due, or if episodes ended and the last one left EPISODE_REPORT_S ago."""
         now = time.monotonic()
-        if not self.control.due(now) and not (self.episodes.returns and now - self.last_sent >= EPISODE_REPORT_S):
+        if not self.control.due(now) and not (self.episodes.ended and now - self.last_sent >= EPISODE_REPORT_S):
             return
         if now - self.last_t >= self.control.interval:  # the rate over a whole interval, however often we report
             self.rate = (self.env_steps - self.last_steps) / (now - self.last_t)
@@ -204,7 +221,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
             if ready:
                 break
         block = actor.take()
-        report.env_steps += report.episodes.steps(block.rewards, block.done, block.valid)
+        report.env_steps += report.episodes.add(block.rewards, block.done, block.valid)
         if not sender.send_blocking(block.arrays, version, stop, report):
             break
 

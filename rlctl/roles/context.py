@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.spec import JobSpec, load_job
 
@@ -121,7 +122,7 @@ class ControlClient:
     def heartbeat(self, metrics: dict) -> None:
         """Send metrics now and schedule the next heartbeat."""
         self.next_at = time.monotonic() + self.interval
-        metrics.setdefault("net/refused", self.net.refused)
+        metrics.setdefault(M.NET_REFUSED, self.net.refused)
         self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})
 
 

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos import build_model
 from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
@@ -90,17 +91,17 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             # interval_s, so no round on weights trained past the stop replaces the figures it stopped on.
             confirming = 0 < streak < job.job.stop.eval_rounds
             evaluated, next_at = version, now if confirming else now + job.evaluator.interval_s
-            metrics = {"eval/return_mean": float(returns.mean()), "eval/return_min": float(returns.min()),
-                       "eval/length_mean": float(lengths.mean()), "eval/version": version, "eval/rounds": rounds,
-                       "eval/streak": streak}
+            metrics = {M.EVAL_RETURN_MEAN: float(returns.mean()), M.EVAL_RETURN_MIN: float(returns.min()),
+                       M.EVAL_LENGTH_MEAN: float(lengths.mean()), M.EVAL_VERSION: version, M.EVAL_ROUNDS: rounds,
+                       M.EVAL_STREAK: streak}
             print(f"{rc.name}: version {version}: return {returns.mean():.1f} (min {returns.min():.0f})", flush=True)
-            control.heartbeat({**metrics, "net/dropped": weights.dropped})
+            control.heartbeat({**metrics, M.NET_DROPPED: weights.dropped})
             # >=: among equal scores keep the newest (most trained) weights.
             if returns.mean() >= best:
                 best = float(returns.mean())
                 save_best(rc, model, info, version, best)
         elif control.due():
-            control.heartbeat({**metrics, "net/dropped": weights.dropped})
+            control.heartbeat({**metrics, M.NET_DROPPED: weights.dropped})
     net.close()
 
 

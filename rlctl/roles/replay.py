@@ -13,6 +13,7 @@ from collections import deque
 import numpy as np
 import zmq
 
+from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
@@ -127,10 +128,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             inserted = shard.buffer.inserted if shard.buffer else 0
             dt = max(now - last_t, 1e-9)
             control.heartbeat({
-                "replay/size": shard.buffer.size if shard.buffer else 0, "replay/inserted": inserted,
-                "replay/insert_per_s": (inserted - inserted_last) / dt,
-                "replay/sampled_per_s": (shard.sampled - sampled_last) / dt,
-                "replay/pending_requests": len(shard.pending), "net/dropped": shard.dropped,
+                M.REPLAY_SIZE: shard.buffer.size if shard.buffer else 0, M.REPLAY_INSERTED: inserted,
+                M.REPLAY_INSERT_PER_S: (inserted - inserted_last) / dt,
+                M.REPLAY_SAMPLED_PER_S: (shard.sampled - sampled_last) / dt,
+                M.REPLAY_PENDING: len(shard.pending), M.NET_DROPPED: shard.dropped,
             })
             inserted_last, sampled_last, last_t = inserted, shard.sampled, now
     net.close()

@@ -7,6 +7,7 @@ import copy
 import numpy as np
 import torch
 
+from rlctl import metric_names as M
 from rlctl.algos.apex.actor import build_model
 from rlctl.algos.apex.dqn import targets_from_q, td_loss
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
@@ -52,7 +53,7 @@ class ApexLearner(LearnerCore):
         self.updates += 1
         if self.updates % algo.target_update_interval == 0:
             self.target.load_state_dict(self.model.state_dict())
-        stats = {"losses/td_loss": loss.detach(), "learner/q_mean": q.detach().mean()}
+        stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean()}
         return UpdateResult(stats, len(obs), td_abs.cpu().numpy().astype(np.float32))
 
     def state_dict(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from rlctl import metric_names as M
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
@@ -58,7 +59,7 @@ class RolloutCore(LearnerCore):
         lr = self.set_lr()
         stats = self._train(batch)
         self.version += 1
-        return UpdateResult({**stats, "learner/lr": lr}, int(batch["valid"].sum()))
+        return UpdateResult({**stats, M.LR: lr}, int(batch["valid"].sum()))
 
     def _train(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
         raise NotImplementedError

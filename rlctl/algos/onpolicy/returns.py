@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from rlctl import metric_names as M
+
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor,
         valid: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,12 +83,12 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     value_loss = 0.5 * v_loss.mean()
     ent = entropy.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * ent
-    stats = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
-             "losses/entropy": ent.detach()}
+    stats = {M.POLICY_LOSS: policy_loss.detach(), M.VALUE_LOSS: value_loss.detach(),
+             M.ENTROPY: ent.detach()}
     if diagnostics:
         with torch.no_grad():
-            stats["losses/approx_kl"] = ((ratio - 1) - log_ratio).mean()
-            stats["losses/clipfrac"] = ((ratio - 1).abs() > clip).float().mean()
+            stats[M.APPROX_KL] = ((ratio - 1) - log_ratio).mean()
+            stats[M.CLIPFRAC] = ((ratio - 1).abs() > clip).float().mean()
     return loss, stats
 
 
@@ -98,6 +100,6 @@ def impala_loss(logp: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,
     value_loss = 0.5 * masked_mean((vs.detach() - values).pow(2), mask)
     ent = masked_mean(entropy, mask)
     loss = policy_loss + vf_coef * value_loss - ent_coef * ent
-    stats = {"losses/policy_loss": policy_loss.detach(), "losses/value_loss": value_loss.detach(),
-             "losses/entropy": ent.detach()}
+    stats = {M.POLICY_LOSS: policy_loss.detach(), M.VALUE_LOSS: value_loss.detach(),
+             M.ENTROPY: ent.detach()}
     return loss, stats

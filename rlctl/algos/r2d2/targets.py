@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlctl import metric_names as M
+
 
 def value_rescale(x, eps: float = 1e-3):
     """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x, for a torch tensor or a numpy array."""
@@ -115,7 +117,7 @@ def r2d2_loss(q: torch.Tensor, q_target: torch.Tensor, actions: torch.Tensor, re
     priorities = sequence_priorities(td.detach().abs(), mask, eta)
     with torch.no_grad():
         q_mean = (q_taken * maskf).sum() / maskf.sum().clamp(min=1.0)
-    stats = {"losses/td_loss": loss.detach(), "learner/q_mean": q_mean}
+    stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q_mean}
     return loss, priorities.float().cpu().numpy(), stats
 
 
