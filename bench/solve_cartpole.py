@@ -98,10 +98,14 @@ def job_text(name: str) -> str:
     return (REPO / "jobs" / f"{name}.toml").read_text()
 
 
-def run_rlctl(name: str, seed: int, cap: float) -> dict:
-    """`rlctl run` of the row's job with the seed replaced and the wall cap set; timed from invocation to exit."""
+def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ...] = ()) -> dict:
+    """`rlctl run` of the row's job with the seed replaced and the wall cap set; timed from invocation to exit.
+
+    `edit` changes the job text further; `tb_max` names TensorBoard scalars whose largest value over the run is
+    returned (under "max")."""
     with tempfile.TemporaryDirectory() as tmp:
         text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", job_text(name))
+        text = edit(text) if edit else text
         text = re.sub(r"(?m)^wall_s = [\d.]+", f"wall_s = {cap}", text)
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text)
@@ -112,10 +116,21 @@ def run_rlctl(name: str, seed: int, cap: float) -> dict:
         run_dir = next(Path(tmp, "runs").iterdir())
         state = json.loads((run_dir / "state.json").read_text())
         first_step = _first_env_step_s(run_dir, t0)
+        maxima = _tb_maxima(run_dir, tb_max) if tb_max else {}
     solved = state.get("status") == "finished" and "return" in (state.get("exit_reason") or "")
     return {"solved": solved, "wall_s": wall if solved else None,
             "env_steps": int(state.get("metrics", {}).get("charts/env_steps", 0)),
-            "startup_s": first_step, "exit_reason": state.get("exit_reason"), "rc": out.returncode}
+            "startup_s": first_step, "exit_reason": state.get("exit_reason"), "rc": out.returncode, "max": maxima}
+
+
+def _tb_maxima(run_dir: Path, tags: tuple[str, ...]) -> dict[str, float]:
+    """The largest value of each TensorBoard scalar over the run (tensorboard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    have = set(acc.Tags()["scalars"])
+    return {tag: max(e.value for e in acc.Scalars(tag)) for tag in tags if tag in have}
 
 
 def _first_env_step_s(run_dir: Path, t0: float) -> float | None:

@@ -285,15 +285,28 @@ def run_header(state: dict, now: float | None = None) -> str:
         str(state.get("run_id") or "-"),
         status_of(state),
         format_duration(_elapsed(state, now)),
-        f"env steps {format_rate(_num(metrics.get('charts/env_steps')))}"
-        f" ({format_rate(_num(metrics.get('charts/env_steps_per_s')))}/s)",
-        f"return {_format_float(metrics.get('charts/episode_return_mean'))}",
-        f"eval {_format_float(metrics.get('eval/return_mean'))}",
+        f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
+        f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
+        f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
+        f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}",
     ]
     lag = _rollout_figures(metrics)
     if lag:
         parts += [f"policy lag {lag[0]}", f"rollouts dropped {lag[1]}"]
+    diverging = divergence_text(metrics)
+    if diverging:
+        parts.append(diverging)
     return " | ".join(parts)
+
+
+def divergence_text(metrics: dict) -> str | None:
+    """"DIVERGING: ..." while the learner reports runaway or non-finite values, else None."""
+    if not _num(metrics.get(M.DIVERGING)):
+        return None
+    q, bound = _num(metrics.get(M.Q_ABS_MAX)), _num(metrics.get(M.Q_BOUND))
+    if q is not None and bound is not None and math.isfinite(q):
+        return f"DIVERGING: |Q| {q:.3g} against a bound of {bound:.3g} (max reward / (1 - gamma))"
+    return "DIVERGING: non-finite losses or values"
 
 
 def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
@@ -363,6 +376,9 @@ def progress_line(state: dict, now: float | None = None) -> str:
     lag = _rollout_figures(metrics)
     if lag:
         parts += [f"lag={lag[0]}", f"dropped={lag[1]}"]
+    diverging = divergence_text(metrics)
+    if diverging:
+        parts.append(diverging)
     return " ".join(parts)
 
 

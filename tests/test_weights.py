@@ -41,12 +41,13 @@ def test_board_round_trip_rejects_other_versions_and_sizes(tmp_path):
     writer = WeightBoard.create(path, 5)
     reader = WeightBoard.open(path, 5)
     out = np.zeros(5, np.float32)
-    assert not reader.read(0, 0, out)  # nothing written yet: -1 in both slots
+    assert reader.read_newest(out) == -1  # nothing written yet: -1 in both slots
     writer.write(1, 7, [torch.arange(2.0), torch.arange(2.0, 5.0).reshape(3, 1)])  # tensors, flattened in order
-    assert reader.read(1, 7, out) and out.tolist() == [0, 1, 2, 3, 4]
-    assert not reader.read(1, 8, out) and not reader.read(0, 7, out)
-    writer.headers[1][0] = -1  # what a reader sees while the writer is inside this slot
-    assert not reader.read(1, 7, out)
+    assert reader.read_newest(out) == 7 and out.tolist() == [0, 1, 2, 3, 4]
+    writer.write(0, 8, [torch.full((5,), 8.0)])
+    assert reader.read_newest(out) == 8 and out.tolist() == [8.0] * 5  # the newer slot, whichever was named
+    writer.headers[0][0] = -1  # what a reader sees while the writer is inside this slot: the other one is newest
+    assert reader.read_newest(out) == 7 and out.tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError):
         WeightBoard.open(path, 6)
 
@@ -117,4 +118,25 @@ def test_publisher_makes_only_the_forms_someone_subscribes_to(tmp_path, weights_
     second.sock.close(linger=0)
     local.sock.close(linger=0)
     wait_for(lambda: not pub.wanted(NOTICE), 10, interval=0.01, what="the last board reader leaving")
+    pub.close()
+
+
+def test_a_board_reader_that_fell_behind_gets_the_newest_version(tmp_path, weights_net):
+    """A busy collector's small queue fills with old notices whose slots have long been rewritten; it still loads
+    the newest version (it used to drop them all and keep its first weights: 1,800 versions behind)."""
+    net, endpoint = weights_net
+    board = str(tmp_path / "b")
+    pub = WeightPublisher(net, endpoint, "learner-0", board)
+    learner = QNetwork((4,), 2, (8,))
+    slow = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)), board)
+    wait_for(lambda: pub.wanted(NOTICE), 10, interval=0.01, what="the reader's subscription")
+    for version in range(1, 21):  # the reader does not poll meanwhile
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(0.1)
+        pub.publish(version, learner)
+    time.sleep(0.2)  # the (old) notices that fit its queue arrive
+    assert slow.poll()
+    assert slow.version == 20 and parameter_digest(slow.model) == parameter_digest(learner)
+    assert slow.dropped == 0
     pub.close()

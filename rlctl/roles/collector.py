@@ -202,6 +202,11 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
     """
     obs, _ = env.reset(seed=rc.seed)
     version, first = -1, True
+
+    def waiting() -> None:
+        # Blocked by a full replay shard or a busy learner: keep the weights fresh for the next block meanwhile.
+        weights.poll()
+        report()
     while not stop:
         weights.poll()
         report()
@@ -222,7 +227,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
                 break
         block = actor.take()
         report.env_steps += report.episodes.add(block.rewards, block.done, block.valid)
-        if not sender.send_blocking(block.arrays, version, stop, report):
+        if not sender.send_blocking(block.arrays, version, stop, waiting):
             break
 
 

@@ -9,6 +9,7 @@ heartbeats. The algorithm's `LearnerCore` (rlctl.algos) turns each batch into on
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 
@@ -34,6 +35,20 @@ from rlctl.weights import WeightPublisher
 # before a subscription completes): soon at first, then backing off to once a second.
 REPUBLISH_FIRST_S, REPUBLISH_MAX_S = 0.05, 1.0
 STOP_CHECK_EVERY = 8  # updates between looks at the control socket while data keeps coming
+# |Q| this many times past what the rewards and gamma allow is a run diverging, not an estimate overshooting
+# (double DQN's CartPole values sit within a few percent of the bound).
+DIVERGENCE_FACTOR = 4.0
+
+
+def divergence(stats: dict[str, float]) -> str | None:
+    """Why a learner's figures say it is diverging (non-finite values, |Q| far past its bound), or None."""
+    bad = sorted(k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v))
+    if bad:
+        return f"non-finite {', '.join(bad)}"
+    q, bound = stats.get(M.Q_ABS_MAX), stats.get(M.Q_BOUND)
+    if q is not None and bound and q > DIVERGENCE_FACTOR * bound:
+        return f"|Q| {q:.3g} is over {DIVERGENCE_FACTOR:g} x the bound {bound:.3g} that the rewards and gamma allow"
+    return None
 
 
 def learner_device(rc: RoleContext) -> torch.device:
@@ -84,6 +99,7 @@ class LearnerShell:
         self.updates = self.version = self.saves = 0
         self.chain = ""  # hash chain of this rank's parameter digests after every update (compared across ranks)
         self.last_publish, self.republish_s = 0.0, REPUBLISH_FIRST_S
+        self.diverging = False
 
     # -- weights and checkpoints --------------------------------------------
     def publish(self, again: bool = False) -> None:
@@ -176,8 +192,13 @@ class LearnerShell:
                 next_ckpt = now + self.job.logging.checkpoint_interval_s
             if control.due(now):
                 dt = max(now - last_t, 1e-9)
+                stats = {k: float(v) / n for k, v in totals.items()}
+                why = divergence(stats)
+                if why and not self.diverging:
+                    print(f"{rc.name}: diverging after {self.updates} updates: {why}", flush=True)
+                self.diverging = why is not None
                 control.heartbeat({
-                    "rank": self.rank, **{k: float(v) / n for k, v in totals.items()}, **self.source.metrics(),
+                    "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
                     M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0,
                     M.UPDATES_PER_S: (self.updates - last_updates) / dt,
                     M.SAMPLES_PER_S: samples * self.world / dt, M.DATA_WAIT_FRAC: wait_s / dt,

@@ -28,6 +28,9 @@ class ApexLearner(LearnerCore):
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
         self.publish_interval = algo.publish_interval
         self.updates = 0
+        # |Q| <= max|R_n| / (1 - gamma^n) for n-step returns R_n: the divergence guard's bound, from the data seen.
+        self.reward_max = 0.0
+        self.bound_scale = 1.0 / (1.0 - algo.gamma ** algo.n_step) if algo.gamma < 1 else None  # None: no bound
 
     def _tensor(self, a: np.ndarray, dtype=None) -> torch.Tensor:
         return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device)
@@ -53,7 +56,10 @@ class ApexLearner(LearnerCore):
         self.updates += 1
         if self.updates % algo.target_update_interval == 0:
             self.target.load_state_dict(self.model.state_dict())
-        stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean()}
+        self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
+        stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean(), M.Q_ABS_MAX: q.detach().abs().max()}
+        if self.bound_scale is not None:
+            stats[M.Q_BOUND] = self.reward_max * self.bound_scale
         return UpdateResult(stats, len(obs), td_abs.cpu().numpy().astype(np.float32))
 
     def state_dict(self) -> dict:

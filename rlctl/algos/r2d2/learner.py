@@ -8,10 +8,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlctl import metric_names as M
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.algos.r2d2.actor import build_model
 from rlctl.algos.r2d2.model import RecurrentQNetwork
-from rlctl.algos.r2d2.targets import r2d2_loss
+from rlctl.algos.r2d2.targets import r2d2_loss, value_rescale_inv
 from rlctl.optim import build_optimizer, optimizer_step
 
 
@@ -40,6 +41,7 @@ class R2D2Learner(LearnerCore):
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
         self.publish_interval = algo.publish_interval
         self.updates = 0
+        self.reward_max = 0.0  # for the divergence guard's bound max|r| / (1 - gamma)
 
     def _time_major(self, a: np.ndarray, dtype=None) -> torch.Tensor:
         """[B, T, ...] as sampled -> [T, B, ...] on the device."""
@@ -71,6 +73,11 @@ class R2D2Learner(LearnerCore):
         self.updates += 1
         if self.updates % algo.target_update_interval == 0:
             self.target.load_state_dict(self.model.state_dict())
+        # The guard compares values in return units: h^-1 of the largest rescaled |Q| (h is odd and increasing).
+        self.reward_max = max(self.reward_max, float(rewards.abs().max()))
+        stats[M.Q_ABS_MAX] = value_rescale_inv(q.detach().abs().max(), algo.rescale_eps)
+        if algo.gamma < 1:
+            stats[M.Q_BOUND] = self.reward_max / (1.0 - algo.gamma)
         return UpdateResult(stats, int(valid[burn:].sum()), priorities)
 
     def state_dict(self) -> dict:
