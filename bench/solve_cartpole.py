@@ -166,14 +166,18 @@ def summarize(name: str, runs: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seed-list", default=None,
+                    help="comma-separated seeds instead of 1..--seeds; repeat one (1,1,1) to see how much runs of "
+                         "the same seed differ (they do, by process timing)")
     ap.add_argument("--cap", type=float, default=300.0, help="seconds before a run counts as unsolved")
     ap.add_argument("--only", default="ppo,appo,impala,apex,r2d2,r2d2_plain,sb3_ppo,sb3_dqn")
     args = ap.parse_args()
     which = args.only.split(",")
+    seeds = [int(x) for x in args.seed_list.split(",")] if args.seed_list else list(range(1, args.seeds + 1))
     results = []
     for name in which:
         runs = []
-        for seed in range(1, args.seeds + 1):
+        for seed in seeds:
             if name.startswith("sb3_"):
                 r = run_sb3(name[4:], seed, args.cap)
             else:

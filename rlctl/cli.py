@@ -109,6 +109,7 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
     run_id = new_run_id(spec.job.name)
     p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python(),
                   addresses=_host_addresses(spec))
+    _warn_machine(spec)
     if as_json:
         print_json(p.to_dict())
         return
@@ -137,6 +138,7 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
     from rlctl.spec import dumps_toml, resolved_dict
 
     spec = _load(job_file)
+    _warn_machine(spec)
     base_port = choose_base_port(spec)
     addresses = _host_addresses(spec)
     if any(not h.is_local for h in spec.hosts):
@@ -158,6 +160,14 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
+
+
+def _warn_machine(spec) -> None:
+    """Say on stderr what this machine cannot run well (the job still runs)."""
+    from rlctl.plan import machine_warnings
+
+    for line in machine_warnings(spec, os.cpu_count() or 1):
+        print(f"rlctl: warning: {line}", file=sys.stderr)
 
 
 def _host_addresses(spec) -> dict[str, str]:

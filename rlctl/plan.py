@@ -113,6 +113,29 @@ def placement(spec: JobSpec) -> list[HostSpec]:
     })]
 
 
+def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
+    """What the launching machine (`cpus` cores) cannot run well, each with its cause and a suggestion. Pure."""
+    local = [h for h in placement(spec) if h.is_local]
+    if not local:
+        return []
+    node_procs = dict(zip([h.name for h in placement(spec) if h.learner], spec.learner_node_procs))
+    learners = sum(node_procs.get(h.name, 0) for h in local)
+    collectors = sum(h.collectors for h in local)
+    procs = learners + collectors + sum(h.replay_shards for h in local) + sum(h.evaluator for h in local)
+    out = []
+    if learners > cpus:
+        out.append(f"{learners} learner processes on this machine's {cpus} cores: DDP ranks wait for the slowest, "
+                   f"so each update runs at a fraction of a core; give learner_procs at most {cpus}")
+    if procs > 2 * cpus and collectors > cpus:
+        envs = collectors * spec.env.envs_per_collector
+        fewer = max(cpus, 1 if spec.algo.uses_replay else spec.learner_ranks)
+        out.append(f"{procs} processes on this machine's {cpus} cores: {collectors} collectors take CPU from the "
+                   f"learner and switch among themselves. The same {envs} envs step as fast as collectors = {fewer}, "
+                   f"envs_per_collector = {-(-envs // fewer)} (one batched forward per step serves every env of a "
+                   "collector)")
+    return out
+
+
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
               keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None) -> LaunchPlan:
     """Render the launch plan. Pure: the same inputs give the same plan.

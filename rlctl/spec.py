@@ -159,7 +159,8 @@ class TopologySpec(Section):
     learner_procs: Annotated[int, Field(ge=1, le=1024)] = 1
     """Learner processes (torchrun `--nproc-per-node`) on each learner host (a host's own `learner_procs` wins)."""
     collectors: Annotated[int, Field(ge=0, le=100_000)] = 2
-    """Collector processes."""
+    """Collector processes. Keep them near the cores the machine has and scale `env.envs_per_collector` instead
+    (one batched forward serves every env of a collector); `rlctl plan` warns when they would starve the learner."""
     replay_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
     """Replay shards; default one per learner rank."""
     evaluator: bool = True

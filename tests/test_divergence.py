@@ -18,6 +18,7 @@ def test_guard_names_non_finite_figures_and_runaway_values():
     assert divergence({M.TD_LOSS: 0.5}) is None  # no bound known (gamma = 1, or a rollout algorithm)
     assert divergence({M.TD_LOSS: math.nan, M.Q_MEAN: 1.0}) == f"non-finite {M.TD_LOSS}"
     assert "non-finite" in divergence({M.Q_ABS_MAX: math.inf, M.Q_BOUND: 100.0})
+    assert divergence({M.Q_ABS_MAX: 451.8, M.Q_BOUND: 100.0}) is None  # seen in a 24-collector run that solved
     why = divergence({M.Q_ABS_MAX: 3.2e7, M.Q_BOUND: 100.0})
     assert why and "3.2e+07" in why and "100" in why
     assert divergence({M.Q_ABS_MAX: DIVERGENCE_FACTOR * 100.0 + 1, M.Q_BOUND: 100.0})

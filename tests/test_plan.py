@@ -517,3 +517,22 @@ def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
     no_local_subscriber = remote_spec.model_copy(update={"hosts": [
         h.model_copy(update={"evaluator": False}) for h in remote_spec.hosts]})
     assert not any("RLCTL_WEIGHT_BOARD" in x.env for x in plan_of(no_local_subscriber).processes)
+
+
+def test_machine_warnings_name_the_cause_and_a_topology_that_fits():
+    from rlctl.plan import machine_warnings
+
+    crowded = validate_job({"job": {"name": "c"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
+                            "algorithm": {"name": "apex"}, "topology": {"collectors": 24}})
+    (warning,) = machine_warnings(crowded, cpus=2)
+    assert "27 processes on this machine's 2 cores" in warning and "24 collectors" in warning
+    assert "The same 48 envs" in warning and "collectors = 2, envs_per_collector = 24" in warning
+    assert machine_warnings(crowded, cpus=16) == []
+    shipped = load_job(REPO / "jobs" / "apex.toml")
+    assert machine_warnings(shipped, cpus=2) == []
+    wide = validate_job({"job": {"name": "w"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"},
+                         "topology": {"learner_procs": 4, "collectors": 4}})
+    assert any("4 learner processes" in w for w in machine_warnings(wide, cpus=2))
+    remote_only = validate_job({"job": {"name": "r"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"},
+                                "hosts": [{"name": "far", "learner": True, "replay_shards": 1, "collectors": 40}]})
+    assert machine_warnings(remote_only, cpus=2) == []
