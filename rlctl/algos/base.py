@@ -68,6 +68,31 @@ class LearnerCore:
         """Restore what state_dict returned."""
 
 
+class TargetNetworkCore(LearnerCore):
+    """A value-learning core with a target network copied from `model` every `target_update_interval` updates
+    (Ape-X, R2D2); a checkpoint keeps the target, the optimizer and the update count."""
+
+    target: nn.Module
+    opt: torch.optim.Optimizer
+    updates: int = 0
+
+    def stepped(self) -> None:
+        """Count one update; copy the online network into the target when its interval has passed."""
+        self.updates += 1
+        if self.updates % self.setup.algo.target_update_interval == 0:
+            self.target.load_state_dict(self.model.state_dict())
+
+    def state_dict(self) -> dict:
+        """Target network, optimizer and update count."""
+        return {"target": self.target.state_dict(), "optimizer": self.opt.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what state_dict returned."""
+        self.target.load_state_dict(state["target"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+
+
 @dataclass
 class ActorSetup:
     """What an actor core is built from."""

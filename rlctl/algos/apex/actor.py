@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlctl.algos.apex.dqn import ChunkedNStep, EpsilonGreedy, epsilon_ladder
+from rlctl.algos.apex.dqn import ChunkedNStep, EpsilonGreedy, collector_epsilons
 from rlctl.algos.base import ActorCore, ActorSetup, Block
 from rlctl.models import QNetwork
 
@@ -29,9 +29,7 @@ class ApexActor(ActorCore):
     def __init__(self, setup: ActorSetup):
         super().__init__(setup)
         algo, n_envs, info = setup.job.algorithm, setup.num_envs, setup.info
-        # The ladder runs over every env slot of the job, so each slot explores at its own rate.
-        ladder = epsilon_ladder(setup.job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
-        self.eps = ladder[setup.rank * n_envs:(setup.rank + 1) * n_envs]
+        self.eps = collector_epsilons(setup.job, setup.rank, n_envs)
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
         # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step; and at
         # least MIN_CHUNK_STEPS steps, so that per-chunk costs stay small beside the steps also with many envs.

@@ -312,6 +312,14 @@ def initial_priorities(online: nn.Module, batch: dict[str, np.ndarray]) -> np.nd
         return (targets - q_taken).abs().float().cpu().numpy()
 
 
+def collector_epsilons(job, rank: int, n_envs: int) -> np.ndarray:
+    """Collector `rank`'s rungs of the job's Ape-X ladder: it runs over every env slot of the job (collectors x
+    envs per collector), so each slot explores at its own rate."""
+    algo = job.algorithm
+    ladder = epsilon_ladder(job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
+    return ladder[rank * n_envs:(rank + 1) * n_envs]
+
+
 class EpsilonGreedy:
     """Per-row epsilon-greedy over a batch of Q rows, with the random draws made in blocks (not per step)."""
 

@@ -10,11 +10,11 @@ import torch
 from rlctl import metric_names as M
 from rlctl.algos.apex.actor import build_model
 from rlctl.algos.apex.dqn import targets_from_q, td_loss
-from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
+from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
 from rlctl.optim import build_optimizer, optimizer_step
 
 
-class ApexLearner(LearnerCore):
+class ApexLearner(TargetNetworkCore):
     """Online and target Q-networks and fused Adam; `update` takes a batch sampled from replay."""
 
     def __init__(self, setup: LearnerSetup):
@@ -27,7 +27,6 @@ class ApexLearner(LearnerCore):
         # Fused Adam: one kernel for all parameters (about 20% of a small network's update on CPU).
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
         self.publish_interval = algo.publish_interval
-        self.updates = 0
         # |Q| <= max|R_n| / (1 - gamma^n) for n-step returns R_n: the divergence guard's bound, from the data seen.
         self.reward_max = 0.0
         self.bound_scale = 1.0 / (1.0 - algo.gamma ** algo.n_step) if algo.gamma < 1 else None  # None: no bound
@@ -53,21 +52,9 @@ class ApexLearner(LearnerCore):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip, foreach=True)
         optimizer_step(self.opt)
-        self.updates += 1
-        if self.updates % algo.target_update_interval == 0:
-            self.target.load_state_dict(self.model.state_dict())
+        self.stepped()
         self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
         stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean(), M.Q_ABS_MAX: q.detach().abs().max()}
         if self.bound_scale is not None:
             stats[M.Q_BOUND] = self.reward_max * self.bound_scale
         return UpdateResult(stats, len(obs), td_abs.cpu().numpy().astype(np.float32))
-
-    def state_dict(self) -> dict:
-        """Target network, optimizer and update count."""
-        return {"target": self.target.state_dict(), "optimizer": self.opt.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what state_dict returned."""
-        self.target.load_state_dict(state["target"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.updates = int(state["updates"])

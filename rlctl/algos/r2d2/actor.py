@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlctl.algos.apex.dqn import EpsilonGreedy, epsilon_ladder
+from rlctl.algos.apex.dqn import EpsilonGreedy, collector_epsilons
 from rlctl.algos.base import ActorCore, ActorSetup, Block
 from rlctl.algos.r2d2.model import RecurrentQNetwork
 from rlctl.algos.r2d2.sequences import SequenceCutter
@@ -30,8 +30,7 @@ class R2D2Actor(ActorCore):
     def __init__(self, setup: ActorSetup):
         super().__init__(setup)
         algo, n_envs, info = setup.job.algorithm, setup.num_envs, setup.info
-        ladder = epsilon_ladder(setup.job.collector_count * n_envs, algo.epsilon, algo.epsilon_alpha)
-        self.eps = ladder[setup.rank * n_envs:(setup.rank + 1) * n_envs]
+        self.eps = collector_epsilons(setup.job, setup.rank, n_envs)
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
         self.model: RecurrentQNetwork = setup.model
         self.cutter = SequenceCutter(n_envs, algo.sequence_length, algo.sequence_period, info.obs_shape,

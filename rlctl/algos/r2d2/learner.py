@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlctl import metric_names as M
-from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
+from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
 from rlctl.algos.r2d2.actor import build_model
 from rlctl.algos.r2d2.model import RecurrentQNetwork
 from rlctl.algos.r2d2.targets import r2d2_loss, value_rescale_inv
@@ -28,7 +28,7 @@ class SequenceQ(nn.Module):
         return self.net.unroll(obs, (h, c))[0]
 
 
-class R2D2Learner(LearnerCore):
+class R2D2Learner(TargetNetworkCore):
     """Online and target recurrent Q-networks and Adam; `update` takes a batch of sequences sampled from replay."""
 
     def __init__(self, setup: LearnerSetup):
@@ -40,7 +40,6 @@ class R2D2Learner(LearnerCore):
         self.train_model = setup.distribute(SequenceQ(self.model))
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
         self.publish_interval = algo.publish_interval
-        self.updates = 0
         self.reward_max = 0.0  # for the divergence guard's bound max|r| / (1 - gamma)
 
     def _time_major(self, a: np.ndarray, dtype=None) -> torch.Tensor:
@@ -70,22 +69,10 @@ class R2D2Learner(LearnerCore):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip, foreach=True)
         optimizer_step(self.opt)
-        self.updates += 1
-        if self.updates % algo.target_update_interval == 0:
-            self.target.load_state_dict(self.model.state_dict())
+        self.stepped()
         # The guard compares values in return units: h^-1 of the largest rescaled |Q| (h is odd and increasing).
         self.reward_max = max(self.reward_max, float(rewards.abs().max()))
         stats[M.Q_ABS_MAX] = value_rescale_inv(q.detach().abs().max(), algo.rescale_eps)
         if algo.gamma < 1:
             stats[M.Q_BOUND] = self.reward_max / (1.0 - algo.gamma)
         return UpdateResult(stats, int(valid[burn:].sum()), priorities)
-
-    def state_dict(self) -> dict:
-        """Target network, optimizer and update count."""
-        return {"target": self.target.state_dict(), "optimizer": self.opt.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what state_dict returned."""
-        self.target.load_state_dict(state["target"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.updates = int(state["updates"])
