@@ -125,9 +125,6 @@ class ActorCore:
     """
 
     kind = "experience"  # message kind of what take() returns
-    # True: a block is acted with one weight version (a rollout); False: new weights are taken mid-block as they
-    # arrive, so a block of a slow collector is not acted with weights many updates old.
-    one_version_per_block = False
 
     def __init__(self, setup: ActorSetup):
         self.setup = setup

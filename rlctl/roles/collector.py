@@ -28,9 +28,6 @@ from rlctl.weights import WeightSubscriber
 
 EXPERIENCE_SOCKET_BUFFER = 64 * 1024
 EPISODE_REPORT_S = 0.1
-# Mid-block, new weights are looked for once a millisecond rather than every step: each look costs a few
-# microseconds, a tenth of a CartPole collector's whole step.
-POLL_S = 0.001
 
 
 class ExperienceSender:
@@ -221,8 +218,6 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
             # Start-up is measured up to this line (bench/solve_cartpole.py).
             print(f"{rc.name}: first env step (weights version {version})", flush=True)
             first = False
-        mid_block = not actor.one_version_per_block
-        next_poll = time.monotonic() + POLL_S
         while True:
             actions = actor.act(obs)
             next_obs, rewards, terminated, truncated, _ = env.step(actions)
@@ -230,9 +225,6 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
             obs = next_obs
             if ready:
                 break
-            if mid_block and time.monotonic() >= next_poll:
-                weights.poll()
-                next_poll = time.monotonic() + POLL_S
         block = actor.take()
         report.env_steps += report.episodes.add(block.rewards, block.done, block.valid)
         if not sender.send_blocking(block.arrays, version, stop, waiting):

@@ -55,7 +55,6 @@ class RolloutActor(ActorCore):
     """
 
     kind = "rollout"
-    one_version_per_block = True
     layout = staticmethod(rollout_layout)  # what the learner's rollout inbox accepts
 
     def __init__(self, setup: ActorSetup):
