@@ -7,8 +7,8 @@ imports none of them) and the traits the rest of rlctl plans and runs by:
 * `learner`: its `LearnerCore` (rlctl.algos.base): the update math the learner shell (roles/learner.py) feeds;
 * `actor`: its `ActorCore`: acting and cutting experience inside the collector shell (roles/collector.py);
 * `model`: `build(job, info) -> nn.Module`, the network the learner trains and actors and evaluators run;
-* `data`: how experience travels, `replay` (collectors -> replay shards -> sampled batches) or `rollouts`
-  (collector c -> learner rank c mod ranks);
+* `data`: how experience travels, `replay` (collectors -> replay shards -> sampled batches; the plan starts the
+  shards) or `rollouts` (collector c -> learner rank c mod ranks);
 * `synchronous`: collectors wait for each new version (every round on-policy), else they never wait;
 * `recurrent`: policies carry a state across steps (`greedy(obs, state) -> (actions, state)`).
 
@@ -40,11 +40,6 @@ class AlgorithmEntry:
     def uses_replay(self) -> bool:
         """Experience goes through replay shards (which the plan then starts)."""
         return self.data == REPLAY
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """The roles a job of this algorithm runs (the evaluator is optional)."""
-        return ("learner", "collector", "evaluator") + (("replay",) if self.uses_replay else ())
 
     def load(self, part: str):
         """The object one of `spec`, `learner`, `actor`, `model` refers to, imported now."""
@@ -79,10 +74,3 @@ def build_model(job, info):
     """The network of the job's algorithm for its env's spaces (`job` a JobSpec, `info` an envs.SpaceInfo)."""
     return job.algo.load("model")(job, info)
 
-
-def entry(name: str) -> AlgorithmEntry:
-    """The registry entry of `name` (ValueError naming the known ones)."""
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(ALGORITHMS)}") from None

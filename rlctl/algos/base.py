@@ -9,7 +9,7 @@ shell's. Both are plain objects: tests run them in-process, without torchrun or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -114,7 +114,6 @@ class Block:
     rewards: np.ndarray
     done: np.ndarray
     valid: np.ndarray
-    extra: dict = field(default_factory=dict)
 
 
 class ActorCore:
