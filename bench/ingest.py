@@ -64,7 +64,8 @@ def child_sender() -> None:
     name = f"collector-{os.environ['RLCTL_RANK']}"
     batches = make_batches(batch, 16, int(os.environ["RLCTL_RANK"]))
     net = wire.SecureContext(wire.CurveKeys.from_env())
-    sender = ExperienceSender(net, [r["experience"] for r in endpoints["replay"]], name)
+    sender = ExperienceSender(net, [r["experience"] for r in endpoints["replay"]], name, "experience",
+                              wire.experience_buffer_bytes(4 * 4))  # CartPole's 4 float32
     i = 0
     while not stop:
         if sender.try_send(batches[i % len(batches)], 0):

@@ -106,6 +106,11 @@ class SpaceInfo:
         """True for a Discrete action space."""
         return self.n_actions > 0
 
+    @property
+    def obs_bytes(self) -> int:
+        """Bytes of one observation."""
+        return int(np.prod(self.obs_shape, dtype=np.int64)) * np.dtype(self.obs_dtype).itemsize
+
     def to_dict(self) -> dict:
         """Plain data for checkpoints."""
         return {"obs_shape": list(self.obs_shape), "obs_dtype": self.obs_dtype, "n_actions": self.n_actions,

@@ -12,7 +12,9 @@ bytes of one kind (`wire.kind_prefix`), and the publisher produces a form only w
 (XPUB reports subscriptions). For a 10M-parameter net and 4 local collectors this replaces 4 x 40 MB of CURVE
 encryption, TCP and decryption (about 0.4 s on 2 cores) with one 40 MB write and one 40 MB copy per reader.
 
-A slot's header holds the version its payload is (-1 while being written). A notice only wakes a reader: it copies
+A slot's header holds the version its payload is (-1 while being written) and the publisher's generation: a
+restarted learner continues from its checkpoint, so its versions repeat or go back, and subscribers order weights by
+(generation, version) instead of version alone. A notice only wakes a reader: it copies
 whichever slot holds the newest version, checking the header before and after, and retries once if the writer
 overtook the copy. A reader that falls behind (a busy collector among many on few cores finds its small queue full
 of old notices, whose slots were long rewritten) still gets the newest version: it once stayed on the weights it
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +36,10 @@ from rlctl import wire
 from rlctl.models import flat_parameters, load_flat_parameters, share_flat_storage
 
 FULL, NOTICE = "weights", "weights-shared"
-_HEADER = 64  # bytes before each slot's payload: int64 version, int64 element count; keeps payloads aligned
+_HEADER = 64  # bytes before each slot's payload: int64 version, element count, generation; keeps payloads aligned
+
+Stamp = tuple[int, int]  # (generation, version): the order of weights across learner restarts
+NO_WEIGHTS: Stamp = (-1, -1)
 
 
 class WeightBoard:
@@ -41,22 +47,25 @@ class WeightBoard:
 
     def __init__(self, path: str, size: int, writable: bool):
         self.path, self.size = path, size
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC if writable else os.O_RDONLY
+        # No O_TRUNC: a restarted learner reuses the file its predecessor left, and readers that mapped it would
+        # fault on pages past a truncated end.
+        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
         fd = os.open(path, flags, 0o600)
         try:
+            self.inode = os.fstat(fd).st_ino
             slot_bytes = _HEADER + -(-size * 4 // _HEADER) * _HEADER
-            if writable:
+            if writable and os.fstat(fd).st_size != 2 * slot_bytes:
                 os.ftruncate(fd, 2 * slot_bytes)
             elif os.fstat(fd).st_size != 2 * slot_bytes:
                 raise ValueError(f"{path}: sized for another parameter count")
             self._map = mmap.mmap(fd, 2 * slot_bytes, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         finally:
             os.close(fd)
-        self.headers = [np.ndarray((2,), np.int64, self._map, k * slot_bytes) for k in range(2)]
+        self.headers = [np.ndarray((3,), np.int64, self._map, k * slot_bytes) for k in range(2)]
         self.payloads = [np.ndarray((size,), np.float32, self._map, k * slot_bytes + _HEADER) for k in range(2)]
         if writable:
             for header in self.headers:
-                header[:] = (-1, size)
+                header[:] = (-1, size, -1)
         elif any(header[1] != size for header in self.headers):
             raise ValueError(f"{path}: holds {self.headers[0][1]} parameters, not {size}")
 
@@ -70,9 +79,9 @@ class WeightBoard:
         """An existing board, read-only; ValueError if it holds another parameter count, OSError if missing."""
         return cls(path, size, writable=False)
 
-    def write(self, slot: int, version: int, params) -> None:
-        """Store parameters (tensors, in flat_parameters order) as `version` in `slot`, copied straight in;
-        readers of that slot see -1 until it is complete."""
+    def write(self, slot: int, version: int, params, generation: int = 0) -> None:
+        """Store parameters (tensors, in flat_parameters order) as `version` of `generation` in `slot`, copied
+        straight in; readers of that slot see -1 until it is complete."""
         header, payload = self.headers[slot], self.payloads[slot]
         header[0] = -1
         offset = 0
@@ -81,22 +90,23 @@ class WeightBoard:
                 n = p.numel()
                 payload[offset:offset + n] = p.detach().reshape(-1).to("cpu", torch.float32).numpy()
                 offset += n
+        header[2] = generation
         header[0] = version
 
-    def read_newest(self, out: np.ndarray) -> int:
-        """Copy the newest complete version into `out` and return it; -1 if none is there yet, or if the writer
-        overtook the copy twice (then `out` holds a mix, and the caller keeps its old version number: the next
-        notice brings a newer one)."""
+    def read_newest(self, out: np.ndarray) -> Stamp | None:
+        """Copy the newest complete weights into `out` and return their (generation, version); None if none are
+        there yet, or if the writer overtook the copy twice (then `out` holds a mix, and the caller keeps its old
+        stamp: the next notice brings newer weights)."""
         for _ in range(2):
-            versions = [int(header[0]) for header in self.headers]
-            slot = int(versions[1] > versions[0])
-            version = versions[slot]
-            if version < 0:
-                return -1
+            stamps = [(int(header[2]), int(header[0])) if header[0] >= 0 else NO_WEIGHTS for header in self.headers]
+            slot = int(stamps[1] > stamps[0])
+            stamp = stamps[slot]
+            if stamp == NO_WEIGHTS:
+                return None
             np.copyto(out, self.payloads[slot])
-            if self.headers[slot][0] == version:
-                return version
-        return -1
+            if (int(self.headers[slot][2]), int(self.headers[slot][0])) == stamp:
+                return stamp
+        return None
 
 
 class WeightPublisher:
@@ -106,7 +116,8 @@ class WeightPublisher:
     is flattened for the network when every subscriber reads the board, and the board is written only for them.
     """
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, sender: str, board: str | None = None):
+    def __init__(self, net: wire.SecureContext, endpoint: str, sender: str, board: str | None = None,
+                 generation: int | None = None):
         # Verbose: every subscription is reported, not only a prefix's first, so each newcomer can be welcomed.
         self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2, xpub_verbose=1)
         self.sender, self.board_file = sender, board
@@ -115,6 +126,8 @@ class WeightPublisher:
         self.joins = 0
         self.written = -1  # version in the board's newest slot
         self.slot = 1
+        # Milliseconds since the epoch at start: each (re)start of the learner orders after the one before it.
+        self.generation = time.time_ns() // 1_000_000 if generation is None else generation
 
     def _read_subscriptions(self) -> None:
         while True:
@@ -149,11 +162,12 @@ class WeightPublisher:
                 self.board = WeightBoard.create(self.board_file, sum(p.numel() for p in model.parameters()))
             if version != self.written:  # a re-publication of the same version rewrites nothing
                 self.slot ^= 1
-                self.board.write(self.slot, version, model.parameters())
+                self.board.write(self.slot, version, model.parameters(), self.generation)
                 self.written = version
-            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot})
+            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": self.generation})
         if self.wanted(FULL):
-            wire.send(self.sock, FULL, self.sender, version, None, {"params": flat_parameters(model).cpu().numpy()})
+            wire.send(self.sock, FULL, self.sender, version, {"gen": self.generation},
+                      {"params": flat_parameters(model).cpu().numpy()})
 
     def close(self) -> None:
         """Remove the board's file (readers that mapped it keep their mapping)."""
@@ -174,8 +188,14 @@ class WeightSubscriber:
         self.flat = share_flat_storage(model)  # None: load parameter by parameter
         self.board_file = board
         self.board: WeightBoard | None = None
-        self.version = -1
+        self.stamp: Stamp = NO_WEIGHTS
+        self.serial = 0  # weights loaded so far: changes with every new policy, also one from a restarted learner
         self.dropped = 0
+
+    @property
+    def version(self) -> int:
+        """The learner's version of the weights held (-1: none yet)."""
+        return self.stamp[1]
 
     def poll(self) -> bool:
         """Load the newest weights that have arrived, if any; True when the policy changed."""
@@ -189,18 +209,24 @@ class WeightSubscriber:
                 newest = msg
         if newest is None:
             return False
-        if newest.kind == NOTICE:  # a wake-up: the board's newest version is read, whichever the notice named
-            version = self._load_shared()
-        elif newest.version <= self.version:
-            return False
+        if newest.kind == NOTICE:  # a wake-up: the board's newest weights are read, whichever the notice named
+            stamp = self._load_shared()
         else:
-            version = newest.version if self._load(newest.arrays.get("params")) else -1
-        if version < 0:
+            gen = (newest.meta or {}).get("gen", 0)
+            stamp = (gen, newest.version) if isinstance(gen, int) and not isinstance(gen, bool) else None
+            if stamp is None or stamp <= self.stamp:
+                if stamp is None:
+                    self.dropped += 1
+                return False
+            if not self._load(newest.arrays.get("params")):
+                stamp = None
+        if stamp is None:
             self.dropped += 1
             return False
-        if version <= self.version:
+        if stamp <= self.stamp:
             return False
-        self.version = version
+        self.stamp = stamp
+        self.serial += 1
         return True
 
     def _load(self, params: np.ndarray | None) -> bool:
@@ -217,17 +243,30 @@ class WeightSubscriber:
         np.copyto(self.flat, params)
         return True
 
-    def _load_shared(self) -> int:
-        """The board's newest version into the model; its number, or -1."""
+    def _load_shared(self) -> Stamp | None:
+        """The board's newest weights into the model; their stamp, or None."""
         if self.board_file is None:
-            return -1
+            return None
+        stamp = self._read_board()
+        if stamp is None or stamp <= self.stamp:
+            # A learner that restarted after a clean stop made a new file at the same path: map that one.
+            try:
+                moved = self.board is not None and os.stat(self.board_file).st_ino != self.board.inode
+            except OSError:
+                moved = False
+            if moved:
+                self.board = None
+                stamp = self._read_board()
+        return stamp
+
+    def _read_board(self) -> Stamp | None:
         if self.board is None:
             try:
                 self.board = WeightBoard.open(self.board_file, self.size)
             except (OSError, ValueError):
-                return -1
+                return None
         if self.flat is not None:
             return self.board.read_newest(self.flat)
         scratch = np.empty(self.size, dtype=np.float32)
-        version = self.board.read_newest(scratch)
-        return version if version >= 0 and self._load(scratch) else -1
+        stamp = self.board.read_newest(scratch)
+        return stamp if stamp is not None and self._load(scratch) else None

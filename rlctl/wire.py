@@ -269,6 +269,20 @@ class SecureContext:
         self.ctx.destroy()
 
 
+# Experience socket buffers (kernel, each side) hold about this many transitions, whatever an observation's size.
+# They bound what waits between a collector and a rate-limited shard: 64 KB buffers held ~1,300 CartPole
+# transitions per collector and side, so with 24 collectors a shard inserted data ~5,000 updates old (older than
+# its whole contents) and Ape-X's Q-values overshot to twice their bound; ~64 keep it as fresh as with 2 collectors.
+BUFFERED_TRANSITIONS = 64
+SOCKET_BUFFER_MIN, SOCKET_BUFFER_MAX = 4096, 4 << 20
+
+
+def experience_buffer_bytes(obs_bytes: int) -> int:
+    """Kernel buffer bytes of experience sockets (collector PUSH, shard PULL): BUFFERED_TRANSITIONS transitions of
+    two observations, within [4 KB, 4 MB] (large observations keep the bandwidth they need)."""
+    return min(max(BUFFERED_TRANSITIONS * 2 * int(obs_bytes), SOCKET_BUFFER_MIN), SOCKET_BUFFER_MAX)
+
+
 def _apply(sock: zmq.Socket, opts: dict[str, int]) -> None:
     sock.setsockopt(zmq.LINGER, opts.pop("linger", 0))
     for name, value in opts.items():

@@ -50,7 +50,7 @@ def collect_blocks(job, count: int):
     blocks, version, steps = [], 0, 0
     with torch.no_grad():
         while len(blocks) < count:
-            assert actor.begin(version), "a fresh version must start a block"
+            assert actor.begin(version, version + 1), "a fresh version must start a block"
             while True:
                 actions = actor.act(obs)
                 next_obs, rewards, terminated, truncated, _ = env.step(actions)

@@ -41,13 +41,13 @@ def test_board_round_trip_rejects_other_versions_and_sizes(tmp_path):
     writer = WeightBoard.create(path, 5)
     reader = WeightBoard.open(path, 5)
     out = np.zeros(5, np.float32)
-    assert reader.read_newest(out) == -1  # nothing written yet: -1 in both slots
+    assert reader.read_newest(out) is None  # nothing written yet: -1 in both slots
     writer.write(1, 7, [torch.arange(2.0), torch.arange(2.0, 5.0).reshape(3, 1)])  # tensors, flattened in order
-    assert reader.read_newest(out) == 7 and out.tolist() == [0, 1, 2, 3, 4]
+    assert reader.read_newest(out) == (0, 7) and out.tolist() == [0, 1, 2, 3, 4]
     writer.write(0, 8, [torch.full((5,), 8.0)])
-    assert reader.read_newest(out) == 8 and out.tolist() == [8.0] * 5  # the newer slot, whichever was named
+    assert reader.read_newest(out) == (0, 8) and out.tolist() == [8.0] * 5  # the newer slot, whichever was named
     writer.headers[0][0] = -1  # what a reader sees while the writer is inside this slot: the other one is newest
-    assert reader.read_newest(out) == 7 and out.tolist() == [0, 1, 2, 3, 4]
+    assert reader.read_newest(out) == (0, 7) and out.tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError):
         WeightBoard.open(path, 6)
 
@@ -140,3 +140,38 @@ def test_a_board_reader_that_fell_behind_gets_the_newest_version(tmp_path, weigh
     assert slow.version == 20 and parameter_digest(slow.model) == parameter_digest(learner)
     assert slow.dropped == 0
     pub.close()
+
+
+@pytest.mark.parametrize("killed", [True, False], ids=["killed", "stopped-cleanly"])
+def test_a_restarted_learner_s_older_version_reaches_every_subscriber(tmp_path, weights_net, killed):
+    """A learner restarted from its checkpoint publishes a version lower than (or equal to) what subscribers hold:
+    they take it, ordered by the publisher's generation. Killed, it leaves its board file behind (reused in place);
+    stopped cleanly, it removed it and the new learner makes another file at the same path."""
+    net, endpoint = weights_net
+    board = str(tmp_path / "b")
+    torch.manual_seed(0)
+    learner = QNetwork((4,), 2, (8,))
+    first, second = wire.SecureContext(net.keys), wire.SecureContext(net.keys)  # the two learner processes
+    pub = WeightPublisher(first, endpoint, "learner-0", board, generation=1)
+    local = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)), board)
+    remote = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)))
+    wait_for(lambda: pub.wanted(NOTICE) and pub.wanted(FULL), 10, interval=0.01, what="subscriptions")
+    pub.publish(50, learner)
+    _poll_until((local, remote), lambda: local.version == remote.version == 50)
+    serials = (local.serial, remote.serial)
+    if not killed:
+        pub.close()
+    first.close()
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.mul_(-1.0)
+    again = WeightPublisher(second, endpoint, "learner-0", board, generation=2)
+    # Subscribers reconnect and subscribe again as they poll (ZeroMQ runs a socket's commands in its own thread).
+    wait_for(lambda: [local.poll(), remote.poll()] and again.wanted(NOTICE) and again.wanted(FULL), 10,
+             interval=0.01, what="resubscriptions")
+    again.publish(40, learner)  # the checkpoint's version: below what the subscribers hold
+    _poll_until((local, remote), lambda: local.stamp == remote.stamp == (2, 40))
+    assert parameter_digest(local.model) == parameter_digest(remote.model) == parameter_digest(learner)
+    assert (local.serial, remote.serial) == (serials[0] + 1, serials[1] + 1)
+    again.close()
+    second.close()

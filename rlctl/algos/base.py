@@ -119,7 +119,7 @@ class Block:
 class ActorCore:
     """Acting and cutting experience for one collector (its vector env's every slot).
 
-    The shell calls `begin(version)` before a block (weights only change between blocks), then per vector step
+    The shell calls `begin(version, serial)` before a block (weights only change between blocks), then per vector step
     `act(obs)` and `record(...)` until record returns True, then `take()`. It runs under torch.no_grad.
     """
 
@@ -132,8 +132,9 @@ class ActorCore:
         """What the log's first line says of this actor (e.g. its exploration rates)."""
         return ""
 
-    def begin(self, version: int) -> bool:
-        """Start a block acting with weights `version` (-1: none yet); False to wait for other weights."""
+    def begin(self, version: int, serial: int) -> bool:
+        """Start a block acting with weights `version` (-1: none yet), the `serial`-th weights this collector loaded
+        (a restarted learner may publish a version again); False to wait for other weights."""
         return True
 
     def act(self, obs: np.ndarray) -> np.ndarray:

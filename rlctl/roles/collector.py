@@ -26,18 +26,16 @@ from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER
 from rlctl.weights import WeightSubscriber
 
 
-EXPERIENCE_SOCKET_BUFFER = 64 * 1024
 EPISODE_REPORT_S = 0.1
 
 
 class ExperienceSender:
     """PUSH to replay shards (ZeroMQ spreads batches over the shards that have room) or to one learner rank."""
 
-    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str = "experience",
-                 sndhwm: int = 2, sndbuf: int = EXPERIENCE_SOCKET_BUFFER):
+    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str, sndbuf: int):
         # Small queues and kernel buffers: when shards rate-limit (or a learner is busy), a collector blocks
-        # within a few batches instead of parking tens of thousands of stale transitions in TCP buffers.
-        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=sndhwm, sndbuf=sndbuf)
+        # within a batch or two instead of parking stale transitions in TCP buffers (see BUFFERED_TRANSITIONS).
+        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=1, sndbuf=sndbuf)
         self.sender, self.kind = sender, kind
         self.sent = 0
 
@@ -160,12 +158,13 @@ def build_actor(rc: RoleContext, info, model: torch.nn.Module, num_envs: int) ->
     return rc.job.algo.load("actor")(ActorSetup(rc.job, info, model, rc.rank, num_envs, rc.seed))
 
 
-def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str) -> ExperienceSender:
+def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str, info) -> ExperienceSender:
     """PUSH to every replay shard (replay data path), or to learner rank c % ranks (rollouts)."""
     if rc.job.algo.data == REPLAY:
-        return ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind)
+        return ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind,
+                                wire.experience_buffer_bytes(info.obs_bytes))
     ranks = rc.endpoints["rollouts"]
-    return ExperienceSender(net, ranks[rc.rank % len(ranks)], rc.name, kind, sndhwm=1, sndbuf=ROLLOUT_SOCKET_BUFFER)
+    return ExperienceSender(net, ranks[rc.rank % len(ranks)], rc.name, kind, ROLLOUT_SOCKET_BUFFER)
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
@@ -180,7 +179,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     actor = build_actor(rc, info, model, env.num_envs)
-    sender = experience_sender(rc, net, actor.kind)
+    sender = experience_sender(rc, net, actor.kind, info)
     print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
           f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
           f"pid {os.getpid()} {actor.describe()}", flush=True)
@@ -210,7 +209,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
     while not stop:
         weights.poll()
         report()
-        if not actor.begin(weights.version):
+        if not actor.begin(weights.version, weights.serial):
             weights.sock.poll(50)
             continue
         version = weights.version

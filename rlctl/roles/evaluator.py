@@ -71,7 +71,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model = build_model(job, info)
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
-    evaluated, next_at, rounds, best = -1, 0.0, 0, float("-inf")
+    evaluated, next_at, rounds, best = 0, 0.0, 0, float("-inf")  # evaluated: serial of the weights last evaluated
     target = job.job.stop.eval_return
     streak = 0  # consecutive rounds at or above the stop target
     metrics: dict = {}
@@ -80,7 +80,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         weights.sock.poll(100)
         weights.poll()
         now = time.monotonic()
-        if weights.version > evaluated and now >= next_at:
+        if weights.serial > evaluated and now >= next_at:
             version = weights.version
             returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds,
                                                job.algo.recurrent)
@@ -90,7 +90,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             # waiting interval_s between them only delayed every eval_rounds stop. Once confirmed, the pace is back to
             # interval_s, so no round on weights trained past the stop replaces the figures it stopped on.
             confirming = 0 < streak < job.job.stop.eval_rounds
-            evaluated, next_at = version, now if confirming else now + job.evaluator.interval_s
+            evaluated, next_at = weights.serial, now if confirming else now + job.evaluator.interval_s
             metrics = {M.EVAL_RETURN_MEAN: float(returns.mean()), M.EVAL_RETURN_MIN: float(returns.min()),
                        M.EVAL_LENGTH_MEAN: float(lengths.mean()), M.EVAL_VERSION: version, M.EVAL_ROUNDS: rounds,
                        M.EVAL_STREAK: streak}

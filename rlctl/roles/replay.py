@@ -16,6 +16,7 @@ import zmq
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay
+from rlctl.envs import probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 MAX_SAMPLE = 1 << 16
@@ -97,7 +98,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """The shard loop: insert, serve, update priorities, report."""
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
-    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=4, rcvbuf=64 * 1024)  # see collector.py
+    # Small queues (rcvhwm 1 never woke the reader again) and buffers: see wire.BUFFERED_TRANSITIONS.
+    rcvbuf = wire.experience_buffer_bytes(probe_space_info(rc.job.env).obs_bytes)
+    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=2, rcvbuf=rcvbuf)
     smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000)
     shard = ReplayShard(rc)
     inserted_last, sampled_last, last_t = 0, 0, time.monotonic()

@@ -66,14 +66,15 @@ class RolloutActor(ActorCore):
         self.low = None if info.discrete else np.asarray(info.action_low, np.float32).reshape(info.action_shape)
         self.high = None if info.discrete else np.asarray(info.action_high, np.float32).reshape(info.action_shape)
         self.prev_done = np.zeros(self.n_envs, dtype=bool)
-        self.started = -1  # version of the last rollout begun
+        self.started = -1  # serial of the weights of the last rollout begun
         self.t = 0
 
-    def begin(self, version: int) -> bool:
-        """A fresh buffer for a rollout of `version` (the previous one may still be queued in ZeroMQ, unsent)."""
-        if version < 0 or (self.synchronous and version <= self.started):
+    def begin(self, version: int, serial: int) -> bool:
+        """A fresh buffer for a rollout of `version` (the previous one may still be queued in ZeroMQ, unsent); PPO
+        rolls out each weights it loads once."""
+        if version < 0 or (self.synchronous and serial == self.started):
             return False
-        self.started, self.t = version, 0
+        self.started, self.t = serial, 0
         self.arrays = RolloutBuffer(self.T, self.n_envs, self.info).arrays
         return True
 
