@@ -24,8 +24,8 @@ class ApexSpec(Section):
     batch_size: Annotated[int, Field(ge=1, le=1 << 20)] = 128
     """Transitions per gradient update and learner rank."""
     target_update_interval: PosInt = 250
-    """Updates between target-network copies. Many collectors feed the learner older data: keep this at 250 or more
-    with 8+ collectors (faster copies let Q overshoot; learner/q_abs_max against learner/q_bound shows it)."""
+    """Updates between target-network copies (too frequent copies let Q overshoot: learner/q_abs_max against
+    learner/q_bound shows it)."""
     publish_interval: PosInt = 20
     """Updates between weight publications to collectors and evaluator."""
     grad_clip: Annotated[float, Field(gt=0, le=1e9)] = 10.0
