@@ -1,11 +1,12 @@
-"""Checkpoints: model + optimizer + counters, written atomically; newest kept plus every Kth."""
+"""Checkpoints: model + optimizer + counters, written durably (rlctl.durable); newest kept plus every Kth."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
+
+from rlctl.durable import remove_temporaries, replace_file
 
 FORMAT = 1
 
@@ -16,16 +17,26 @@ class CheckpointError(Exception):
 
 def save_checkpoint(directory: str | Path, payload: dict, name: str = "latest.pt", index: int = 0,
                     keep_every: int = 0) -> Path:
-    """Write `name` atomically; also keep `ckpt-<index>.pt` when index is a multiple of keep_every."""
+    """Write `name` durably; also keep `ckpt-<index>.pt` when index is a multiple of keep_every."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.{os.getpid()}.tmp"
-    torch.save({"format": FORMAT, **payload}, tmp)
-    numbered = d / f"ckpt-{index:06d}.pt"
-    if keep_every and index % keep_every == 0 and not numbered.exists():
-        os.link(tmp, numbered)  # same bytes, no second write
-    os.replace(tmp, d / name)
-    return d / name
+    numbered = d / f"ckpt-{index:06d}.pt" if keep_every and index % keep_every == 0 else None
+    return replace_file(d / name, lambda f: torch.save({"format": FORMAT, **payload}, f), link_also=numbered)
+
+
+def newest_checkpoint(directory: str | Path, name: str = "latest.pt") -> dict | None:
+    """The newest readable checkpoint in `directory` (`name`, else the highest numbered one), or None; temporary
+    files of killed writers are removed first."""
+    d = Path(directory)
+    remove_temporaries(d)
+    candidates = [d / name] + sorted(d.glob("ckpt-*.pt"), reverse=True)
+    for path in candidates:
+        if path.is_file():
+            try:
+                return {**load_checkpoint(path), "path": str(path)}
+            except CheckpointError as exc:
+                print(f"skipping checkpoint {path}: {exc}", flush=True)
+    return None
 
 
 def load_checkpoint(path: str | Path) -> dict:

@@ -129,28 +129,42 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
 
 
 @app.command()
-def run(job_file: Path = typer.Argument(..., help="Job file."),
+def run(job_file: Optional[Path] = typer.Argument(
+            None, help="Job file; with --resume, the run to continue (id or prefix; default the newest)."),
         detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background; print the run id."),
+        resume: bool = typer.Option(False, "--resume", help="Continue a stopped, failed, lost or finished run in its "
+                                    "own directory: learner, replay contents and counters go on where they were."),
+        job: Optional[Path] = typer.Option(None, "--job", help="With --resume: continue with this job file (only its "
+                                           "stop criteria, topology counts and hosts may differ)."),
+        until: List[str] = typer.Option([], "--until", help="With --resume: new stop criteria replacing the old "
+                                        "ones, e.g. --until env_steps=500000 (repeatable)."),
         runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
     from rlctl.plan import choose_base_port, local_python, make_plan
     from rlctl.rundir import RunDir, runs_root
     from rlctl.spec import dumps_toml, resolved_dict
 
-    spec = _load(job_file)
+    if resume:
+        rundir, spec, resumed = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
+    else:
+        if job_file is None:
+            raise _bad_input("rlctl run: give a job file (or --resume [RUN])")
+        if job is not None or until:
+            raise _bad_input("rlctl run: --job and --until go with --resume")
+        spec, resumed = _load(job_file), None
     _warn_machine(spec)
     base_port = choose_base_port(spec)
     addresses = _host_addresses(spec)
     if any(not h.is_local for h in spec.hosts):
         _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses))
-    root = runs_root(runs_dir).resolve()
-    rundir = RunDir.create(root, spec.job.name)
+    if resumed is None:
+        rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses)
     rundir.plan_json.write_text(p.to_json())
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
-                        "hosts": [h["name"] for h in p.hosts]})
+                        "hosts": [h["name"] for h in p.hosts], **({"resumed": resumed} if resumed else {})})
     if detach:
         out = open(rundir.path / "supervisor.out", "ab")
         subprocess.Popen([sys.executable, "-m", "rlctl.supervise", str(rundir.path)], stdin=subprocess.DEVNULL,
@@ -160,6 +174,26 @@ def run(job_file: Path = typer.Argument(..., help="Job file."),
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
+
+
+def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
+    """(run dir, job, what the next segment continues from) for `run --resume`; exit 2 naming what is refused."""
+    from rlctl.resume import ResumeRefused, job_for_resume, parse_until, previous_segment
+    from rlctl.spec import JobFileError
+
+    rundir = _resolve(runs_dir, run)
+    try:
+        resumed = previous_segment(rundir)
+        old = _load(rundir.job_toml)
+        new = _load(job) if job is not None else None
+        spec = job_for_resume(old, new, parse_until(until), str(job or "--until"))
+    except ResumeRefused as exc:
+        raise _bad_input(f"rlctl run --resume: {exc}") from None
+    except JobFileError as exc:
+        raise _bad_input(exc.render()) from None
+    print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
+          file=sys.stderr)
+    return rundir, spec, resumed
 
 
 def _warn_machine(spec) -> None:

@@ -43,6 +43,11 @@ class MetricsHub:
         self.episodes += len(rets)
         self.new_episodes.extend(rets)
 
+    def continue_from(self, env_steps: int, episodes: int) -> None:
+        """A resumed run: count on from the env steps and episodes of the segments before."""
+        self.step_base["earlier segments"] = max(0, env_steps)
+        self.episodes = max(0, episodes)
+
     def on_restart(self, name: str) -> None:
         """A process restarts: keep the env steps it already made."""
         self.step_base[name] = self.step_base.get(name, 0) + int(self.latest.get(name, {}).get("env_steps", 0))
@@ -127,13 +132,14 @@ class TensorBoardWriter:
 
     _files = 0
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, after_step: int = -1):
         from tensorboard.compat.proto.event_pb2 import Event
 
         os.makedirs(logdir, exist_ok=True)
         TensorBoardWriter._files += 1
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{self._files}"
         self._file = open(os.path.join(logdir, name), "wb")
+        self.after_step = after_step  # a resumed run's points start past the last step of the segments before
         self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 
@@ -144,7 +150,9 @@ class TensorBoardWriter:
                          + struct.pack("<I", masked_crc32c(data)))
 
     def scalars(self, values: dict[str, float], step: int, wall: float | None = None) -> None:
-        """One event holding every scalar at `step`."""
+        """One event holding every scalar at `step` (none at or before `after_step`)."""
+        if step <= self.after_step:
+            return
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import Summary
 
@@ -171,6 +179,37 @@ class TensorBoardWriter:
     def close(self) -> None:
         """Flush and close the event file."""
         self._file.close()
+
+
+def last_step(logdir: str) -> int:
+    """The largest step of any event in the event files under `logdir` (-1 if none); a torn last record (a kill
+    mid-write) ends a file's reading."""
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    best = -1
+    for root, _, files in os.walk(logdir):
+        for name in files:
+            if not name.startswith("events.out.tfevents."):
+                continue
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            at = 0
+            while at + 12 <= len(data):
+                (length,) = struct.unpack_from("<Q", data, at)
+                end = at + 12 + length + 4
+                if end > len(data):
+                    break
+                event = Event()
+                try:
+                    event.ParseFromString(data[at + 12:end - 4])
+                except Exception:  # a corrupt record: what follows cannot be trusted either
+                    break
+                best = max(best, int(event.step))
+                at = end
+    return best
 
 
 def hyperparameter_table(flat: dict[str, object]) -> str:

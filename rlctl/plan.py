@@ -22,8 +22,9 @@ ROLE_MODULES = {
     "collector": "rlctl.roles.collector",
     "evaluator": "rlctl.roles.evaluator",
 }
-# Roles whose death ends the run; the others are restarted up to topology.max_restarts.
-CRITICAL_ROLES = frozenset({"learner", "replay"})
+# Roles the supervisor does not restart: learner ranks are restarted by torchrun (topology.learner_max_restarts),
+# and the end of torchrun ends the run. The others are restarted up to topology.max_restarts within a window.
+CRITICAL_ROLES = frozenset({"learner"})
 # Roles that write checkpoints (latest.pt and ckpt-N.pt; best.pt): on a remote host they are fetched at the end.
 CHECKPOINT_ROLES = frozenset({"learner", "evaluator"})
 LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
@@ -216,7 +217,8 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         argv = ["{python}", "-m", "rlctl.torchrun",
                 "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(node_procs[node]),
                 "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
-                "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.02",
+                "--rdzv-id", run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
+                "--monitor-interval", "0.02",
                 "--start-method", "fork",
                 "-m", ROLE_MODULES["learner"]]
         binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",

@@ -14,11 +14,12 @@ import heapq
 import json
 import os
 import re
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
+
+from rlctl.durable import replace_bytes
 
 TERMINAL_STATES = frozenset({"finished", "stopped", "failed"})
 # Statuses after which nothing new will be written to the run directory.
@@ -71,14 +72,34 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of the process group exists on this host."""
+    """True while any process of the process group exists on this host, zombies aside: a process whose parent
+    (a killed supervisor) is gone may wait as a zombie for a reaper that never comes."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return _group_has_living_member(pgid)
+
+
+def _group_has_living_member(pgid: int) -> bool:
+    """Whether a non-zombie process of the group exists (Linux /proc; True where it cannot be told)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
+            return True
+    return False
 
 
 def _is_zombie(pid: int) -> bool:
@@ -162,18 +183,16 @@ class RunDir:
         """The run's plan.json, or None if missing or unreadable (never raises)."""
         return _read_json(self.plan_json)
 
-    def write_state(self, state: dict) -> None:
-        """Write state.json atomically: temp file in the same directory, then os.replace."""
-        # Unique temp name so concurrent writers never interleave bytes in one temp file.
-        tmp = self.state_json.with_name(f".state.json.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(state, f, indent=1, default=str)
-                f.write("\n")
-            os.replace(tmp, self.state_json)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+    def write_state(self, state: dict, in_place: bool = False) -> None:
+        """Write state.json durably (temporary file, fsync, rename, fsync of the folder). `in_place`: overwrite the
+        file itself, the last resort on a full disk (truncating it frees the blocks the new text needs)."""
+        data = (json.dumps(state, indent=1, default=str) + "\n").encode()
+        if in_place:
+            with open(self.state_json, "r+b" if self.state_json.exists() else "wb") as f:
+                f.truncate(0)
+                f.write(data)
+            return
+        replace_bytes(self.state_json, data)
 
     def effective_status(self, state: dict | None = None) -> str:
         """Status from state (read from disk if not given); "lost" if the supervisor died, "unknown" if no state."""

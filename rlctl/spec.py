@@ -151,6 +151,9 @@ class ReplaySpec(Section):
     samples_per_insert: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     """Rate limit (Reverb's sample-to-insert ratio): a shard reads new experience only while
     inserted <= min_size + sampled / samples_per_insert, so collectors wait for the learner; 0 = off."""
+    snapshot_interval_s: Annotated[float, Field(ge=0, le=1e7)] = 60.0
+    """Seconds between snapshots of each shard's contents to its host's disk (also written at stop; 0: only at
+    stop). A restarted or resumed shard loads the newest; a hard kill loses what arrived since."""
 
 
 class TopologySpec(Section):
@@ -168,7 +171,15 @@ class TopologySpec(Section):
     inference: Literal["local"] = "local"
     """`local`: collectors run the policy themselves."""
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
-    """Restarts allowed per collector/evaluator before the run fails."""
+    """Restarts allowed per collector, evaluator or replay shard within `restart_window_s` before the run fails;
+    each waits twice as long as the one before (from `restart_backoff_s`)."""
+    restart_window_s: Annotated[float, Field(gt=0, le=1e7)] = 600.0
+    """The window `max_restarts` counts in: a process that ran this long since its last restart starts afresh."""
+    restart_backoff_s: Annotated[float, Field(ge=0, le=3600)] = 0.5
+    """Delay before a process's first restart in a window; doubled for each further one (at most 30 s)."""
+    learner_max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    """torchrun's `--max-restarts`: after a learner rank dies every rank starts again from the newest checkpoint;
+    past this many the run fails."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
 
@@ -191,6 +202,9 @@ class LoggingSpec(Section):
     """Seconds between learner checkpoints (one is always written at stop)."""
     checkpoint_keep_every: NonNegInt = 10
     """Besides the newest, keep every Kth checkpoint (0 = newest only)."""
+    heartbeat_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 60.0
+    """A running process silent this long (frozen, deadlocked, stopped with SIGSTOP) is hung: it is killed and
+    restarted like one that died (a learner rank through torchrun)."""
 
 
 class NetworkSpec(Section):

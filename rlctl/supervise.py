@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +25,13 @@ import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
+from rlctl.durable import remove_temporaries
 from rlctl.forkserver import FORKED_MODULES, ForkedProcess, ForkServer
 from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
-from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table
+from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table, last_step
 from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_checkpoint_dir
+from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir, group_alive, remove_weight_board
 from rlctl.spec import JobSpec, load_job, resolved_dict
 
@@ -38,6 +41,7 @@ SSH_FAILED = 255
 SESSIONS_OPENING_PER_HOST = 8
 SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds back the host's next ones
 STOP_GRACE_S = 20.0
+MAX_BACKOFF_S = 30.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
     "collector": (M.ENV_STEPS_PER_S, "env steps/s"),
@@ -67,17 +71,28 @@ class LogPump(threading.Thread):
         self.stream, self.path = stream, path
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.spoke = threading.Event()  # the first line (or the end) arrived: an SSH session is past its login
+        self.error: OSError | None = None  # why the log file could not be written (the run fails on it)
 
     def run(self) -> None:
-        with open(self.path, "a", encoding="utf-8") as out:
-            for raw in iter(self.stream.readline, b""):
-                self.spoke.set()
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self.tail.append(line)
-                now = time.time()
-                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        out = None
+        try:
+            out = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            self.error = exc
+        for raw in iter(self.stream.readline, b""):
+            self.spoke.set()
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.tail.append(line)
+            if out is None:
+                continue  # the log is lost (self.error says why), but the child must never block on a full pipe
+            now = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+            try:
                 out.write(f"{stamp} {line}\n")
                 out.flush()
+            except OSError as exc:
+                self.error = exc
+                out = None
         self.spoke.set()
 
 
@@ -97,6 +112,10 @@ class ProcessHandle:
     started_at: float = 0.0
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
     last_exit: int | None = None  # exit code of the previous start, kept across restarts
+    restart_times: deque = field(default_factory=deque)  # when each restart within the window happened
+    start_at: float | None = None  # a restart waiting out its backoff
+    note: str | None = None  # why it was last restarted or killed, for `rlctl status`
+    rank_pids: dict = field(default_factory=dict)  # learner: torchrun rank -> pid (a hung rank is killed by pid)
 
     def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"",
               forkserver: ForkServer | None = None) -> None:
@@ -167,9 +186,10 @@ class ProcessHandle:
         key, unit = RATE_KEYS.get(self.spec.role, ("", ""))
         return {
             "name": self.spec.name, "role": self.spec.role, "rank": self.spec.rank, "host": self.spec.host,
-            "pid": self.pid, "pgid": self.pid, "state": self.state.value, "restarts": self.restarts,
+            "pid": self.pid, "pgid": self.pid, "state": self.state.value,
+            "restarts": self.restarts + int(self.metrics.get(M.LEARNER_RESTARTS, 0) or 0),
             "exit_code": self.exit_code, "rate": self.metrics.get(key), "rate_unit": unit,
-            "last_heartbeat": self.last_heartbeat, "remote": self.spec.remote,
+            "last_heartbeat": self.last_heartbeat, "remote": self.spec.remote, "note": self.note,
         }
 
 
@@ -200,12 +220,20 @@ class Supervisor:
     """Runs one plan to its end: finished, stopped or failed."""
 
     def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, keys: wire.CurveKeys,
-                 display=None):
+                 display=None, resumed: dict | None = None):
         self.spec, self.plan, self.rundir, self.keys = spec, plan, rundir, keys
         self.display = display  # callable(state) for the live table / progress line, or None
         self.handles = [ProcessHandle(p) for p in plan.processes]
         self.by_name = {h.spec.name: h for h in self.handles}
         self.hub = MetricsHub(spec.job.stop.train_return_window)
+        # A resumed run continues the counters (and TensorBoard's step axis) of the segments before it.
+        self.segments: list[dict] = list((resumed or {}).get("segments", []))
+        self.tb_floor = -1  # TensorBoard points of this segment come after this step
+        if resumed:
+            # state.json lags the event files by up to half a second after a kill: whichever is further wins.
+            self.tb_floor = last_step(str(rundir.tb_dir))
+            self.hub.continue_from(max(int(resumed.get("env_steps", 0)), self.tb_floor),
+                                   int(resumed.get("episodes", 0)))
         self.status = "created"
         self.exit_reason: str | None = None
         self.failure: dict | None = None
@@ -239,6 +267,7 @@ class Supervisor:
             "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [h.row() for h in self.handles], "metrics": metrics,
             "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
+            "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],
         }
 
     def host_rows(self) -> list[dict]:
@@ -272,6 +301,7 @@ class Supervisor:
     def run(self) -> int:
         """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        remove_temporaries(self.rundir.path)  # what a killed supervisor was writing
         net = wire.SecureContext(self.keys)
         tb: TensorBoardWriter | None = None
         try:
@@ -283,18 +313,22 @@ class Supervisor:
             tb = self._open_tb()  # TensorBoard's import takes ~0.2 s: only once every process is on its way
             self.status = "running"
             self._loop(tb)
+        except Exception as exc:  # a fault of the supervisor itself: the run fails, and shutdown still runs
+            self._fail_self(exc)
         finally:
             if self.status in ("starting", "running"):
                 self.status = "stopping"
-            self._publish()
-            self._shutdown()
+            self._guarded(self._publish)
+            try:
+                self._shutdown()
+            except Exception as exc:
+                self._fail_self(exc)
+                self._kill_everything()
             self.ended_at = time.time()
             if self.status == "stopping":
                 self.status = "stopped"
-            tb = tb or self._open_tb()
-            self._write_tb(tb)
-            tb.close()
-            self._publish()
+            self._guarded(lambda: self._final_tb(tb))
+            self._publish_final()
             if self.forkserver is not None:
                 self.forkserver.close()
             net.close()
@@ -302,8 +336,53 @@ class Supervisor:
                 signal.signal(s, h)
         return 1 if self.status == "failed" else 0
 
+    def _fail_self(self, exc: BaseException) -> None:
+        """Record a fault of the supervisor's own (a full disk, a bug) as the run's failure, once."""
+        traceback.print_exception(exc, file=sys.stderr)
+        if self.status != "failed":
+            self.status = "failed"
+            self.exit_reason = f"supervisor error: {type(exc).__name__}: {exc}"
+            self.failure = {"process": "supervisor", "error": f"{type(exc).__name__}: {exc}"}
+
+    def _guarded(self, step) -> None:
+        """Run one shutdown step; a failure is recorded and the next steps still run."""
+        try:
+            step()
+        except Exception as exc:
+            self._fail_self(exc)
+
+    def _final_tb(self, tb: TensorBoardWriter | None) -> None:
+        tb = tb or self._open_tb()
+        try:
+            self._write_tb(tb)
+        finally:
+            tb.close()
+
+    def _publish_final(self) -> None:
+        """The last state.json; on a full disk, in place over the old one (whose blocks that frees), so `status`
+        still says how the run ended."""
+        state = self.state()
+        try:
+            self.rundir.write_state(state)
+        except OSError as exc:
+            self._fail_self(exc)
+            state = self.state()
+            try:
+                self.rundir.write_state(state, in_place=True)
+            except OSError as again:
+                print(f"rlctl: could not write {self.rundir.state_json}: {again}", file=sys.stderr)
+        if self.display is not None:
+            self.display(state)
+        if self.status == "failed" and self.failure and self.failure.get("process") == "supervisor":
+            print(f"rlctl: run {self.plan.run_id} failed: {self.exit_reason}", file=sys.stderr)
+
+    def _kill_everything(self) -> None:
+        """Last resort when shutdown itself failed: SIGKILL every process group, so none is orphaned."""
+        for h in self.handles:
+            h.signal_group(signal.SIGKILL)
+
     def _open_tb(self) -> TensorBoardWriter:
-        tb = TensorBoardWriter(str(self.rundir.tb_dir))
+        tb = TensorBoardWriter(str(self.rundir.tb_dir), after_step=self.tb_floor)
         tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
         return tb
 
@@ -316,9 +395,11 @@ class Supervisor:
                 return
             self._ping_sessions()
             self._drain_control(100)
-            if self._check_children():
+            if self._check_children() or self._check_pumps():
                 return
             now = time.time()
+            self._check_hung(now)
+            self._start_due(now)
             if now >= next_tb:
                 next_tb = now + tb_interval
                 self._write_tb(tb)
@@ -389,7 +470,9 @@ class Supervisor:
         """Start (or restart) one process; the keys go into its environment only, never onto a command line."""
         if not h.spec.remote:
             forkserver = self.forkserver if self.forkserver is not None and self._forkable(h) else None
-            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env()}, self.rundir.logs_dir,
+            # The supervisor's pid: a local process stops by itself once this supervisor is gone (context.py).
+            own = {SUPERVISOR_PID_ENV: str(os.getpid()), LOG_FILE_ENV: str(self.rundir.logs_dir / f"{h.spec.name}.log")}
+            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env(), **own}, self.rundir.logs_dir,
                     forkserver=forkserver)
             return
         # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
@@ -398,14 +481,17 @@ class Supervisor:
         h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
     def _drain_control(self, timeout_ms: int) -> None:
-        """Handle every control message that arrives within timeout_ms (malformed ones are counted)."""
+        """Handle every control message that arrives within timeout_ms (malformed ones are dropped and counted)."""
         if self.control is None or not self.control.poll(timeout_ms):
             return
         for identity, msg in wire.receive_waiting(self.control, routed=True):
             if msg is None:
                 self.control_dropped += 1
-            else:
+                continue
+            try:
                 self._on_message(msg, identity)
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                self.control_dropped += 1
 
     def _on_message(self, msg: wire.Message, identity: list) -> None:
         self.identities[msg.sender] = identity
@@ -417,14 +503,19 @@ class Supervisor:
             handle = self.by_name.get(f"learner-{node}")
         if handle is None:
             return
+        meta = msg.meta if isinstance(msg.meta, dict) else {}
         now = time.time()
         handle.last_heartbeat = now
         if handle.state == ProcState.STARTING:
             handle.state = ProcState.RUNNING
-        metrics = msg.meta.get("metrics")
+        metrics = meta.get("metrics")
+        if handle.spec.role == "learner" and isinstance(meta.get("pid"), int) and isinstance(meta.get("rank"), int):
+            handle.rank_pids[meta["rank"]] = meta["pid"]
         if msg.kind == "heartbeat" and isinstance(metrics, dict):
             if handle.spec.role == "learner":
-                rank = int(msg.meta.get("rank", 0))
+                rank = meta.get("rank", 0)
+                if not isinstance(rank, int) or isinstance(rank, bool):
+                    raise ValueError("rank")
                 metrics = {**metrics, "rank": rank}
                 if rank != 0:
                     self.hub.on_heartbeat(f"learner-rank{rank}", "learner", metrics)
@@ -435,7 +526,8 @@ class Supervisor:
     def _check_children(self) -> bool:
         """Reap exited children; restart or fail. True when the run must end."""
         for h in self.handles:
-            if h.popen is None or h.state in (ProcState.FAILED, ProcState.EXITED, ProcState.STOPPED, ProcState.LOST):
+            if (h.popen is None or h.start_at is not None  # ended already, waiting out its backoff
+                    or h.state in (ProcState.FAILED, ProcState.EXITED, ProcState.STOPPED, ProcState.LOST)):
                 continue
             code = h.popen.poll()
             if code is None:
@@ -445,22 +537,73 @@ class Supervisor:
                 h.lost_sessions += 1
             if h.pump:
                 h.pump.join(timeout=2)
-            if not h.spec.critical and h.restarts < self.spec.topology.max_restarts:
-                h.restarts += 1
-                h.state = ProcState.RESTARTING
-                self.hub.on_restart(h.spec.name)
-                self._start(h)
+            if self._schedule_restart(h):
                 continue
             if self._can_lose(h):
                 h.state, h.metrics = ProcState.LOST, {}
                 continue
             h.state = ProcState.FAILED
-            why = "may not be restarted" if h.spec.critical else f"exceeded {self.spec.topology.max_restarts} restarts"
+            topo = self.spec.topology
+            why = ("is restarted by torchrun only" if h.spec.critical else
+                   f"exceeded {topo.max_restarts} restarts within {topo.restart_window_s:g}s")
             self.status = "failed"
             self.exit_reason = f"{h.spec.name} exited with code {code} ({why})"
             self.failure = {"process": h.spec.name, "exit_code": code,
                             "log_tail": list(h.pump.tail) if h.pump else []}
             return True
+        return False
+
+    def _schedule_restart(self, h: ProcessHandle) -> bool:
+        """Restart an ended process after its backoff, unless it used up its restarts within the window (or may
+        not be restarted here: learner ranks are restarted by torchrun). True when a restart is scheduled."""
+        topo, now = self.spec.topology, time.time()
+        while h.restart_times and now - h.restart_times[0] > topo.restart_window_s:
+            h.restart_times.popleft()
+        if h.spec.critical or len(h.restart_times) >= topo.max_restarts:
+            return False
+        delay = min(topo.restart_backoff_s * 2 ** len(h.restart_times), MAX_BACKOFF_S)
+        h.restart_times.append(now)
+        h.restarts += 1
+        h.state, h.start_at = ProcState.RESTARTING, now + delay
+        self.hub.on_restart(h.spec.name)
+        return True
+
+    def _start_due(self, now: float) -> None:
+        """Start the restarts whose backoff has passed."""
+        for h in self.handles:
+            if h.state == ProcState.RESTARTING and h.start_at is not None and now >= h.start_at:
+                h.start_at = None
+                self._start(h)
+
+    def _check_hung(self, now: float) -> None:
+        """A running process silent for heartbeat_timeout_s is hung: killed, then restarted as if it had died (a
+        learner's ranks are killed by pid and torchrun restarts them)."""
+        timeout = self.spec.logging.heartbeat_timeout_s
+        for h in self.handles:
+            if h.state != ProcState.RUNNING or h.last_heartbeat is None or now - h.last_heartbeat <= timeout:
+                continue
+            h.note = f"hung: no heartbeat for {now - h.last_heartbeat:.0f}s; killed at {time.strftime('%H:%M:%S')}"
+            print(f"rlctl: {h.spec.name} {h.note}", file=sys.stderr, flush=True)
+            h.last_heartbeat = now  # one kill per silence; the restart (or torchrun's) gives it a fresh start
+            if h.spec.role == "learner" and h.rank_pids and not h.spec.remote:
+                for pid in h.rank_pids.values():
+                    try:
+                        os.kill(pid, signal.SIGCONT)  # a frozen rank must run to die of SIGKILL's successor
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                h.rank_pids.clear()
+            else:
+                h.signal_group(signal.SIGKILL)
+
+    def _check_pumps(self) -> bool:
+        """A log that can no longer be written (a full disk) ends the run: nothing of a run may go unrecorded."""
+        for h in self.handles:
+            if h.pump is not None and h.pump.error is not None:
+                self.status = "failed"
+                self.exit_reason = f"cannot write {h.spec.name}'s log: {h.pump.error}"
+                self.failure = {"process": "supervisor", "error": str(h.pump.error)}
+                return True
         return False
 
     def _can_lose(self, h: ProcessHandle) -> bool:
@@ -556,7 +699,9 @@ def supervise_rundir(path: str, display=None) -> int:
     addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}
     plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
                      addresses=addresses)
-    return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display).run()
+    resumed = (rundir.read_state() or {}).get("resumed")  # `rlctl run --resume` left what to continue from
+    return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
+                      resumed if isinstance(resumed, dict) else None).run()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import torch
 from torch.distributed.run import parse_args, run
@@ -21,6 +23,12 @@ from torch.distributed.run import parse_args, run
 
 def main(argv: list[str] | None = None) -> None:
     """Parse torchrun's arguments and launch; a module run with fork start becomes an in-place run of its file."""
+    # The ranks stop by themselves when the supervisor dies; this agent ends them with SIGTERM (its own handler
+    # kills the workers) if they have not, then exits.
+    from rlctl.roles.context import ORPHAN_GRACE_S, watch_supervisor
+
+    watch_supervisor(lambda: threading.Timer(ORPHAN_GRACE_S - 1.0, os.kill, (os.getpid(), signal.SIGTERM)).start(),
+                     grace_s=ORPHAN_GRACE_S + 0.5)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.start_method == "fork" and torch.version.cuda is not None:
         # A CUDA build of torch: CUDA is unusable in a child forked after the agent touched it, so ranks start as

@@ -120,3 +120,21 @@ def group_alive(pgid: int) -> bool:
             if fields[0] != "Z" and int(fields[2]) == pgid:
                 return True
     return False
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Pids of live processes whose environment holds RLCTL_TEST_MARK=mark (inherited by every descendant, forked
+    ones included), other than this one."""
+    needle = f"RLCTL_TEST_MARK={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found

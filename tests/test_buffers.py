@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 from collections import deque
 
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.buffers import PrioritizedReplay, SumTree
+from rlctl.buffers import PrioritizedReplay, SnapshotError, SumTree, load_snapshot, save_snapshot
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -343,3 +346,352 @@ def test_replay_sample_returns_copies_and_storage_layout():
         assert buf._storage[name].shape == (4, *shape) and buf._storage[name].dtype == np.dtype(dtype)
     batch["action"][:] = -7
     assert (buf._storage["action"] >= 0).all()
+
+
+# ---------------------------------------------------------------- snapshots
+
+SNAPSHOT_NAMES = {
+    "layout", "rng_state", "keys", "priorities", "field_0", "field_1", "field_2", "capacity", "size", "inserted",
+    "sampled_batches", "beta_steps", "next_slot", "max_priority", "alpha", "beta", "eps",
+}
+
+
+def assert_same_state(a: PrioritizedReplay, b: PrioritizedReplay) -> None:
+    """Everything that affects future behaviour is identical (the tree bit for bit)."""
+    for attr in ("capacity", "size", "inserted", "sampled_batches", "max_priority", "alpha", "beta", "beta_steps",
+                 "eps"):
+        assert getattr(a, attr) == getattr(b, attr), attr
+    assert list(a._storage) == list(b._storage) and a._record_dtype == b._record_dtype
+    np.testing.assert_array_equal(a._keys, b._keys)
+    np.testing.assert_array_equal(a._tree._tree, b._tree._tree)
+    for name in a._storage:
+        np.testing.assert_array_equal(a._storage[name][:a.size], b._storage[name][:b.size])
+    assert a._rng.bit_generator.state == b._rng.bit_generator.state
+
+
+def assert_same_sample(a: PrioritizedReplay, b: PrioritizedReplay, n: int) -> None:
+    (ba, ka, wa), (bb, kb, wb) = a.sample(n), b.sample(n)
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(wa, wb)
+    for name in ba:
+        np.testing.assert_array_equal(ba[name], bb[name])
+
+
+def wrapped_buffer() -> PrioritizedReplay:
+    """Capacity 8, 13 inserted (wrapped: next insert goes to slot 5), varied priorities, some samples taken."""
+    buf = PrioritizedReplay(8, FIELDS, alpha=0.7, beta=0.5, beta_steps=9, eps=1e-3, seed=11)
+    buf.add(make_batch(0, 5), priorities=np.arange(5) + 0.5)
+    buf.add(make_batch(5, 8))
+    buf.update_priorities(np.array([9, 10, 2]), np.array([3.0, 0.0, 9.0]))  # key 2 is stale
+    buf.sample(4)
+    buf.sample(3)
+    return buf
+
+
+@pytest.mark.parametrize("inserts", [[], [3], [8], [5, 8], [30], [3, 4, 5, 6]])
+def test_snapshot_file_round_trip_then_identical_future(tmp_path, inserts):
+    buf = PrioritizedReplay(8, FIELDS, alpha=0.7, beta=0.5, beta_steps=9, eps=1e-3, seed=11)
+    for i, b in enumerate(inserts):
+        buf.add(make_batch(buf.inserted, b), priorities=(np.arange(b) % 4 + 0.25) if i % 2 else None)
+        if buf.size:
+            buf.sample(5)
+    path = tmp_path / "replay.npz"
+    assert save_snapshot(buf, path) == path
+    assert os.listdir(tmp_path) == ["replay.npz"]  # no temporary left behind
+    got = load_snapshot(path, capacity=8)
+    assert type(got) is PrioritizedReplay
+    assert_same_state(buf, got)
+    assert got.size == min(8, sum(inserts)) and got.inserted == sum(inserts)
+    for key in range(max(0, buf.inserted - 8), buf.inserted):
+        check_row(got._storage, key % 8, key)
+    # Same future: the restored RNG draws the same batches/keys/weights, inserts land in the same slots.
+    if buf.size:
+        assert_same_sample(buf, got, 6)
+    next_key = buf.inserted
+    for b, prios in [(3, None), (1, np.array([7.0])), (11, None)]:
+        for r in (buf, got):
+            r.add(make_batch(r.inserted, b), priorities=prios)
+        next_key += b
+        assert got._keys[(next_key - 1) % 8] == next_key - 1
+        assert_same_state(buf, got)
+        assert_same_sample(buf, got, 9)
+    for r in (buf, got):
+        assert r.update_priorities(np.arange(next_key - 10, next_key), np.arange(10.0)) == 8
+    assert_same_state(buf, got)
+    assert_same_sample(buf, got, 16)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["add", "add_p", "sample", "update"]), st.integers(0, 12)), max_size=8)
+
+
+def run_ops(buf: PrioritizedReplay, steps) -> list:
+    out = []
+    for op, n in steps:
+        if op in ("add", "add_p"):
+            buf.add(make_batch(buf.inserted, n), priorities=np.arange(n) % 3 * 0.5 if op == "add_p" else None)
+        elif op == "sample" and buf.size:
+            batch, keys, w = buf.sample(n + 1)
+            out += [keys, w, *batch.values()]
+        elif op == "update":
+            keys = np.arange(buf.inserted - 2 * buf.capacity, buf.inserted + 2)[::n + 1]
+            out.append(buf.update_priorities(keys, (keys % 5).astype(float)))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 9), ops, ops)
+def test_snapshot_restore_continues_exactly(cap, before, after):
+    buf = PrioritizedReplay(cap, FIELDS, alpha=0.6, beta=0.4, beta_steps=5, seed=7)
+    run_ops(buf, before)
+    twin = PrioritizedReplay.from_snapshot(buf.snapshot_arrays(), cap)
+    assert_same_state(buf, twin)
+    for x, y in zip(run_ops(buf, after), run_ops(twin, after), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert_same_state(buf, twin)
+
+
+def test_snapshot_arrays_plain_copies():
+    buf = wrapped_buffer()
+    arrays = buf.snapshot_arrays()
+    assert set(arrays) == SNAPSHOT_NAMES
+    assert all(isinstance(a, np.ndarray) and not a.dtype.hasobject for a in arrays.values())
+    assert arrays["next_slot"] == 5 and arrays["size"] == 8 and arrays["inserted"] == 13
+    assert arrays["field_0"].shape == (8, 2) and arrays["field_0"].dtype == np.float32
+    layout = json.loads(arrays["layout"].tobytes())
+    assert [(f["name"], f["shape"], f["dtype"]) for f in layout["fields"]] == [
+        ("obs", [2], "<f4"), ("action", [], "<i8"), ("done", [], "|b1")]
+    # Copies, not views: later activity must not change a snapshot already taken.
+    before = {k: a.copy() for k, a in arrays.items()}
+    buf.add(make_batch(13, 8), priorities=np.full(8, 50.0))
+    buf.sample(4)
+    for k, a in arrays.items():
+        np.testing.assert_array_equal(a, before[k], err_msg=k)
+    # 1-element scalars are accepted as well as 0-d ones.
+    arrays = {k: (a.reshape(1) if a.ndim == 0 else a) for k, a in before.items()}
+    assert_same_state(PrioritizedReplay.from_snapshot(arrays), PrioritizedReplay.from_snapshot(before))
+
+
+def test_snapshot_other_bit_generators_round_trip():
+    for bit_generator in (np.random.MT19937(3), np.random.Philox(4), np.random.SFC64(5)):
+        buf = wrapped_buffer()
+        buf._rng = np.random.Generator(bit_generator)
+        buf.sample(2)
+        got = PrioritizedReplay.from_snapshot(buf.snapshot_arrays())
+        assert_same_sample(buf, got, 8)
+
+
+def test_snapshot_rejects_unsupported_field_dtype():
+    buf = PrioritizedReplay(4, {"x": ((), object)})
+    with pytest.raises(SnapshotError, match="cannot be snapshotted"):
+        buf.snapshot_arrays()
+
+
+def test_save_snapshot_failure_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "replay.npz"
+    buf = wrapped_buffer()
+    save_snapshot(buf, path)
+    old = path.read_bytes()
+
+    def half_then_crash(f, **arrays):
+        f.write(b"PK\x03\x04 partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", half_then_crash)
+    buf.add(make_batch(13, 2))
+    with pytest.raises(OSError, match="disk full"):
+        save_snapshot(buf, path)
+    assert path.read_bytes() == old and os.listdir(tmp_path) == ["replay.npz"]
+    monkeypatch.undo()
+    assert load_snapshot(path).inserted == 13
+
+
+# ---------------------------------------------------------------- hostile snapshots
+
+
+def _layout(fn):
+    """Mutation that rewrites the decoded layout JSON with fn(layout)."""
+    def mutate(a):
+        layout = json.loads(a["layout"].tobytes())
+        fn(layout)
+        a["layout"] = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
+    return mutate
+
+
+def _set(**values):
+    def mutate(a):
+        a.update({k: np.asarray(v) for k, v in values.items()})
+    return mutate
+
+
+def _set_prio(slot, value):
+    def mutate(a):
+        a["priorities"] = a["priorities"].copy()
+        a["priorities"][slot] = value
+    return mutate
+
+
+CORRUPTIONS = [
+    ("missing-keys", lambda a: a.pop("keys"), "missing array 'keys'"),
+    ("missing-field", lambda a: a.pop("field_1"), "missing array 'field_1'"),
+    ("missing-layout", lambda a: a.pop("layout"), "missing array 'layout'"),
+    ("missing-rng", lambda a: a.pop("rng_state"), "missing array 'rng_state'"),
+    ("missing-scalar", lambda a: a.pop("max_priority"), "missing array 'max_priority'"),
+    ("extra-array", _set(extra=np.zeros(3)), r"unexpected arrays \['extra'\]"),
+    ("keys-int32", lambda a: a.update(keys=a["keys"].astype(np.int32)), "'keys' must be int64"),
+    ("keys-short", lambda a: a.update(keys=a["keys"][:-1]), r"'keys' must be int64 of shape \(8,\)"),
+    ("keys-swapped", lambda a: a.update(keys=a["keys"][[1, 0, 2, 3, 4, 5, 6, 7]]), "keys inconsistent"),
+    ("prio-float32", lambda a: a.update(priorities=a["priorities"].astype(np.float32)), "'priorities' must be float64"),
+    ("prio-negative", _set_prio(3, -1.0), "slot 3 has -1.0"),
+    ("prio-nan", _set_prio(0, np.nan), "slot 0 has nan"),
+    ("prio-inf", _set_prio(7, np.inf), "slot 7 has inf"),
+    ("prio-sum-overflows", _set(priorities=np.full(8, 1e308)), "sum to infinity"),
+    ("size-float", _set(size=np.float64(8)), "'size' must be a 0-d or 1-element int64 array"),
+    ("size-2-elements", _set(size=np.array([8, 8])), "'size' must be a 0-d or 1-element int64 array"),
+    ("alpha-int", _set(alpha=np.int64(1)), "'alpha' must be a 0-d or 1-element float64 array"),
+    ("size-gt-capacity", _set(size=np.int64(9)), r"size 9 outside \[0, capacity=8\]"),
+    ("size-negative", _set(size=np.int64(-1)), r"size -1 outside"),
+    ("size-vs-inserted", _set(size=np.int64(7)), r"size 7 != min\(capacity=8, inserted=13\)"),
+    ("inserted-negative", _set(inserted=np.int64(-3)), "counters must be non-negative"),
+    ("sampled-negative", _set(sampled_batches=np.int64(-1)), "counters must be non-negative"),
+    ("next-slot", _set(next_slot=np.int64(0)), r"next_slot 0 != inserted % capacity = 5"),
+    ("capacity-zero", _set(capacity=np.int64(0)), "capacity must be >= 1"),
+    ("capacity-huge", _set(capacity=np.int64(1 << 40), inserted=np.int64(8), next_slot=np.int64(8)), "max_bytes"),
+    ("alpha-nan", _set(alpha=np.float64(np.nan)), "alpha must be finite"),
+    ("beta-inf", _set(beta=np.float64(np.inf)), "beta must be finite"),
+    ("eps-negative", _set(eps=np.float64(-1e-3)), "must be >= 0"),
+    ("max-priority-overflow", _set(max_priority=np.float64(1e300), alpha=np.float64(3.0)), "overflows"),
+    ("field-shape", lambda a: a.update(field_0=a["field_0"][:, :1].copy()), r"'field_0' \('obs'\) is float32 \(8, 1\)"),
+    ("field-dtype", lambda a: a.update(field_1=a["field_1"].astype(np.int32)), r"'field_1' \('action'\) is int32"),
+    ("field-rows", lambda a: a.update(field_2=a["field_2"][:5]), r"'field_2' \('done'\) is bool \(5,\)"),
+    ("layout-shape", _layout(lambda l: l["fields"][0].update(shape=[3])), r"layout says <f4 \(8, 3\)"),
+    ("layout-dtype", _layout(lambda l: l["fields"][1].update(dtype="<f8")), r"layout says <f8"),
+    ("layout-object-dtype", _layout(lambda l: l["fields"][1].update(dtype="|O")), "unsupported dtype '|O'"),
+    ("layout-void-dtype", _layout(lambda l: l["fields"][1].update(dtype="|V8")), "unsupported dtype '|V8'"),
+    ("layout-struct-dtype", _layout(lambda l: l["fields"][1].update(dtype="i8,O")), "unsupported dtype 'i8,O'"),
+    ("layout-junk-dtype", _layout(lambda l: l["fields"][1].update(dtype="no-such-type")), "unsupported dtype"),
+    ("layout-noncanonical-dtype", _layout(lambda l: l["fields"][1].update(dtype="int64")), "unsupported dtype 'int64'"),
+    ("layout-fewer-fields", _layout(lambda l: l["fields"].pop()), r"unexpected arrays \['field_2'\]"),
+    ("layout-duplicate-name", _layout(lambda l: l["fields"][1].update(name="obs")), "unique non-empty string"),
+    ("layout-empty-name", _layout(lambda l: l["fields"][1].update(name="")), "unique non-empty string"),
+    ("layout-bad-shape", _layout(lambda l: l["fields"][0].update(shape=[-2])), "shape must be a list"),
+    ("layout-bool-shape", _layout(lambda l: l["fields"][0].update(shape=[True, 2])), "shape must be a list"),
+    ("layout-extra-key", _layout(lambda l: l["fields"][0].update(pickle="x")), "exactly name, shape and dtype"),
+    ("layout-no-fields", _layout(lambda l: l.update(fields=[])), "non-empty list"),
+    ("layout-format", _layout(lambda l: l.update(format="other")), "not a rlctl.PrioritizedReplay snapshot"),
+    ("layout-version", _layout(lambda l: l.update(version=99)), "unsupported version 99"),
+    ("layout-not-json", _set(layout=np.frombuffer(b"{not json", dtype=np.uint8)), "not valid UTF-8 JSON"),
+    ("layout-not-utf8", _set(layout=np.frombuffer(b"\xff\xfe", dtype=np.uint8)), "not valid UTF-8 JSON"),
+    ("layout-int8", lambda a: a.update(layout=a["layout"].view(np.int8)), "must be a 1-D uint8 array"),
+    ("rng-generator", _set(rng_state=np.frombuffer(b'{"bit_generator": "os.system"}', np.uint8)),
+     "unsupported bit generator 'os.system'"),
+    ("rng-state", _set(rng_state=np.frombuffer(b'{"bit_generator": "PCG64", "state": 1}', np.uint8)),
+     "invalid PCG64 state"),
+    ("rng-not-dict", _set(rng_state=np.frombuffer(b"[1, 2]", np.uint8)), "unsupported bit generator None"),
+]
+
+
+@pytest.mark.parametrize("mutate,match", [c[1:] for c in CORRUPTIONS], ids=[c[0] for c in CORRUPTIONS])
+def test_load_snapshot_rejects_corrupt_arrays(tmp_path, mutate, match):
+    arrays = wrapped_buffer().snapshot_arrays()
+    mutate(arrays)
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(SnapshotError, match=match):
+        load_snapshot(path)
+    with pytest.raises(SnapshotError, match=match):  # the in-memory entry point checks the same things
+        PrioritizedReplay.from_snapshot(arrays)
+
+
+def test_load_snapshot_capacity_must_match(tmp_path):
+    path = tmp_path / "replay.npz"
+    save_snapshot(wrapped_buffer(), path)
+    assert load_snapshot(path, capacity=8).capacity == 8
+    with pytest.raises(SnapshotError, match="snapshot capacity 8 != requested capacity 16"):
+        load_snapshot(path, capacity=16)
+    with pytest.raises(SnapshotError, match="max_bytes"):
+        load_snapshot(path, max_bytes=100)
+
+
+@pytest.mark.parametrize("keep", [0, 3, 100, 0.5, -22])
+def test_load_snapshot_truncated_file(tmp_path, keep):
+    path = tmp_path / "replay.npz"
+    save_snapshot(wrapped_buffer(), path)
+    data = path.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
+    path.write_bytes(data[:cut])
+    with pytest.raises(SnapshotError, match=str(path)):
+        load_snapshot(path)
+
+
+def test_load_snapshot_flipped_data_byte_fails_crc(tmp_path):
+    buf = wrapped_buffer()
+    path = tmp_path / "replay.npz"
+    save_snapshot(buf, path)
+    data = bytearray(path.read_bytes())
+    at = data.find(buf._tree._leaves[:8].tobytes())
+    assert at > 0
+    data[at + 3] ^= 0x40  # still a finite positive double: only the zip CRC can notice
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="CRC"):
+        load_snapshot(path)
+
+
+def test_load_snapshot_rejects_non_npz_files(tmp_path):
+    npy = tmp_path / "bare.npy"
+    np.save(npy, np.zeros(4))
+    with pytest.raises(SnapshotError, match="not an .npz"):
+        load_snapshot(npy)
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(SnapshotError, match="not an .npz"):
+        load_snapshot(tmp_path / "empty.npz")
+    packed = tmp_path / "packed.npz"
+    np.savez_compressed(packed, **wrapped_buffer().snapshot_arrays())
+    with pytest.raises(SnapshotError, match="compressed members"):
+        load_snapshot(packed)
+    with pytest.raises(SnapshotError, match="cannot read snapshot"):
+        load_snapshot(tmp_path)  # a directory
+    with pytest.raises(FileNotFoundError):  # absent (first start) stays distinguishable from corrupt
+        load_snapshot(tmp_path / "missing.npz")
+
+
+class _MakeDir:
+    """Unpickling this runs os.mkdir(path): the test payload that must never execute."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@pytest.mark.parametrize("where", ["keys", "field_1", "unknown_member"])
+def test_load_snapshot_never_unpickles(tmp_path, where):
+    marker = tmp_path / "pwned"
+    arrays = wrapped_buffer().snapshot_arrays()
+    arrays[where] = np.array([_MakeDir(marker), 1], dtype=object)
+    path = tmp_path / "evil.npz"
+    np.savez(path, **arrays)  # allow_pickle defaults to True when saving: stored as a pickle
+    with pytest.raises(SnapshotError, match="cannot read snapshot: ValueError: Object arrays cannot be loaded"):
+        load_snapshot(path)
+    assert not marker.exists()
+    # The payload is live: loading with pickles allowed would have run it.
+    with np.load(path, allow_pickle=True) as z:
+        z[where]
+    assert marker.is_dir()
+
+
+def test_load_snapshot_rejects_bare_pickle(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.npz"
+    path.write_bytes(pickle.dumps(_MakeDir(marker)))
+    with pytest.raises(SnapshotError, match="not an .npz"):
+        load_snapshot(path)
+    assert not marker.exists()
+
+
+def test_from_snapshot_rejects_non_arrays_and_object_arrays():
+    arrays = wrapped_buffer().snapshot_arrays()
+    with pytest.raises(SnapshotError, match="'keys' is a list, not a numpy array"):
+        PrioritizedReplay.from_snapshot({**arrays, "keys": arrays["keys"].tolist()})
+    with pytest.raises(SnapshotError, match="'size' has object dtype"):
+        PrioritizedReplay.from_snapshot({**arrays, "size": np.array(8, dtype=object)})

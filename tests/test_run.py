@@ -111,7 +111,7 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     assert len(tail) == 2 and all("learner-0 |" in line for line in tail), tail
 
 
-def test_killed_collector_is_restarted_and_killed_replay_fails_the_run(tmp_path):
+def test_killed_collector_and_replay_shard_are_restarted_until_their_restarts_run_out(tmp_path):
     job = small_job(tmp_path, name="faults", stop="wall_s = 300", max_restarts=1)
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
@@ -130,6 +130,12 @@ def test_killed_collector_is_restarted_and_killed_replay_fails_the_run(tmp_path)
                  what="collector restarted")
         assert row("collector-0")["pid"] != first_pid
         assert read_state(run_dir)["status"] == "running"
+        # A replay shard comes back too (from its snapshot), once: past max_restarts it fails the run.
+        first_pid = row("replay-0")["pid"]
+        os.kill(first_pid, signal.SIGKILL)
+        wait_for(lambda: row("replay-0")["restarts"] == 1 and row("replay-0")["state"] == "running", 60,
+                 what="replay shard restarted")
+        assert row("replay-0")["pid"] != first_pid and read_state(run_dir)["status"] == "running"
         os.kill(row("replay-0")["pid"], signal.SIGKILL)
         out, _ = proc.communicate(timeout=90)
     finally:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import select
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -126,6 +128,63 @@ class ControlClient:
         self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})
 
 
+SUPERVISOR_PID_ENV = "RLCTL_SUPERVISOR_PID"  # set by the supervisor for local processes only
+LOG_FILE_ENV = "RLCTL_LOG_FILE"
+ORPHAN_GRACE_S = 4.0  # a process whose supervisor died stops by itself; past this it exits at once
+
+
+def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thread | None:
+    """When the local supervisor that started this process dies (SIGKILL, OOM), call `on_gone()` so the process
+    stops by itself (final checkpoint, snapshot), and exit it after `grace_s` if it has not. Its output pipe died
+    with the supervisor: stdout and stderr go to its log file from then on. None where no supervisor is named."""
+    try:
+        pid = int(os.environ.get(SUPERVISOR_PID_ENV, ""))
+    except ValueError:
+        return None
+    log_file = os.environ.get(LOG_FILE_ENV)
+
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(pid)  # race-free: woken the moment that very process exits
+        except ProcessLookupError:
+            fd = None
+        except OSError:  # no pidfd (old kernel): look once a quarter second
+            while _pid_alive(pid):
+                time.sleep(0.25)
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+            os.close(fd)
+        if log_file:
+            try:
+                out = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                os.close(out)
+            except OSError:
+                pass
+        now = time.time()
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} "
+              f"supervisor (pid {pid}) is gone: stopping", flush=True)
+        on_gone()
+        time.sleep(grace_s)
+        os._exit(3)
+
+    thread = threading.Thread(target=wait, name="supervisor-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def role_main(run) -> None:
     """A role's entry point: install the stop flag first (so an early SIGTERM is not lost), then run the loop.
 
@@ -135,6 +194,7 @@ def role_main(run) -> None:
     returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
     """
     stop = StopFlag()
+    watch_supervisor(lambda: setattr(stop, "requested", True))
     run(RoleContext.from_env(), stop)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -22,10 +22,11 @@ from rlctl.spec import EnvSpec, resolved_dict
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,
-                    recurrent: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                    recurrent: bool = False, tick=None) -> tuple[np.ndarray, np.ndarray]:
     """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths).
 
     A recurrent policy carries its state from step to step (each sub-env plays one episode, so it never resets).
+    `tick()` is called every step (the evaluator's heartbeats go on through long episodes).
     """
     env = make_vec_env(env_spec, num_envs=episodes)
     space = env.single_action_space
@@ -46,6 +47,8 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
             if bounds is not None:
                 actions = np.clip(actions, *bounds)
             obs, rewards, terminated, truncated, _ = env.step(actions)
+            if tick is not None:
+                tick()
             returns += rewards * running
             lengths += running
             running &= ~(terminated | truncated)
@@ -75,6 +78,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     target = job.job.stop.eval_return
     streak = 0  # consecutive rounds at or above the stop target
     metrics: dict = {}
+
+    def beat() -> None:
+        """Heartbeats while a round plays (the supervisor takes a long silence for a hang)."""
+        if control.due():
+            control.heartbeat({**metrics, M.NET_DROPPED: weights.dropped})
     print(f"{rc.name}: {job.evaluator.episodes} greedy episodes per round on {job.env.id}", flush=True)
     while not stop:
         weights.sock.poll(100)
@@ -83,7 +91,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         if weights.serial > evaluated and now >= next_at:
             version = weights.version
             returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds,
-                                               job.algo.recurrent)
+                                               job.algo.recurrent, tick=beat)
             rounds += 1
             streak = streak + 1 if target is not None and returns.mean() >= target else 0
             # A round at the stop target is confirmed by the next ones at once (on newer weights, fresh episodes):

@@ -22,7 +22,7 @@ from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos import REPLAY
 from rlctl.algos.base import LearnerCore, LearnerSetup
-from rlctl.checkpoint import save_checkpoint
+from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
 from rlctl.netif import pin_collective_interface
@@ -101,6 +101,8 @@ class LearnerShell:
         self.chain = ""  # hash chain of this rank's parameter digests after every update (compared across ranks)
         self.last_publish, self.republish_s = 0.0, REPUBLISH_FIRST_S
         self.diverging = False
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of the ranks
+        self.restore()
 
     # -- weights and checkpoints --------------------------------------------
     def publish(self, again: bool = False) -> None:
@@ -117,13 +119,40 @@ class LearnerShell:
             self.publish(again=True)
 
     def checkpoint(self) -> None:
-        """Rank 0: model, the core's state (optimizer, target, counters) and the shell's counters."""
+        """Rank 0: model, the core's state (optimizer, target, counters), the shell's counters and RNG state."""
         self.saves += 1
         job = self.job
         payload = {"algorithm": job.algorithm.name, "job": resolved_dict(job), "space": self.info.to_dict(),
                    "model": self.model.state_dict(), "core": self.core.state_dict(), "updates": self.updates,
-                   "version": self.version, "time": time.time()}
+                   "version": self.version, "saves": self.saves, "rng": torch.get_rng_state(), "time": time.time()}
         save_checkpoint(self.rc.checkpoint_dir, payload, "latest.pt", self.saves, job.logging.checkpoint_keep_every)
+
+    def restore(self) -> None:
+        """Continue from the run's newest checkpoint, if any (after a rank died, or `rlctl run --resume`): rank 0
+        reads it and every rank takes the same state, so DDP's replicas stay identical."""
+        payload = None
+        if self.rank == 0 and self.rc.checkpoint_dir:
+            payload = newest_checkpoint(self.rc.checkpoint_dir)
+            if payload is not None and payload.get("algorithm") != self.job.algorithm.name:
+                raise CheckpointError(f"{payload['path']} holds {payload.get('algorithm')!r}, not "
+                                      f"{self.job.algorithm.name!r}")
+        if self.world > 1:
+            box = [payload]
+            dist.broadcast_object_list(box, src=0)
+            payload = box[0]
+        if payload is None:
+            return
+        try:
+            self.model.load_state_dict(payload["model"])
+            self.core.load_state_dict(payload["core"])
+            self.updates, self.version = int(payload["updates"]), int(payload["version"])
+            self.saves = int(payload.get("saves", 0))
+            if isinstance(payload.get("rng"), torch.Tensor):
+                torch.set_rng_state(payload["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{payload.get('path')}: does not fit this job's learner: {exc}") from None
+        print(f"{self.rc.name}: continuing from {payload.get('path')} at update {self.updates} (version "
+              f"{self.version}; restart {self.restarts})", flush=True)
 
     # -- the loop ------------------------------------------------------------
     def gather(self) -> dict | None:
@@ -141,6 +170,7 @@ class LearnerShell:
             # the place of the one after the update, which carries the losses and rates (a fast run reported none).
             if self.control.due() and time.monotonic() - since >= self.control.interval:
                 self.control.heartbeat({"rank": self.rank, M.UPDATES: self.updates, M.WAITING: 1,
+                                        M.VERSION: self.version, M.LEARNER_RESTARTS: self.restarts,
                                         **self.source.metrics()})
             self.waiting.poll(50)
 
@@ -200,7 +230,7 @@ class LearnerShell:
                 self.diverging = why is not None
                 control.heartbeat({
                     "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
-                    M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0,
+                    M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0, M.LEARNER_RESTARTS: self.restarts,
                     M.UPDATES_PER_S: (self.updates - last_updates) / dt,
                     M.SAMPLES_PER_S: samples * self.world / dt, M.DATA_WAIT_FRAC: wait_s / dt,
                     **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})
@@ -223,11 +253,24 @@ class LearnerShell:
         self.net.close()
 
 
+def init_process_group(backend: str) -> None:
+    """The process group, its keys in the rendezvous store under this restart's own prefix: after torchrun
+    restarted the ranks, the store still held the dead ranks' addresses, and a new rank connected to those
+    (gloo: "Connection refused") while its peer waited 30 s to be killed."""
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=rank == 0 and not agent_store,
+                          wait_for_workers=False)
+    prefix = f"rlctl/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world)
+
+
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """The learner process: process group, shell, clean up."""
     device = learner_device(rc)
     pin_collective_interface()
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         shell = LearnerShell(rc, stop, device)
         try:

@@ -12,6 +12,8 @@ blocking), `feedback(batch, result)` and `metrics()`.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import zmq
@@ -23,6 +25,7 @@ from rlctl.envs import SpaceInfo
 
 # Every sampled batch carries these (the rest is the algorithm's item layout, which its core reads).
 SAMPLE_FIELDS = ("keys", "weights")
+RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which sample requests are sent again
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
 
 
@@ -31,8 +34,9 @@ class SampleStream:
 
     def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str):
         self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000)
-        self.batch_size, self.name = batch_size, name
+        self.batch_size, self.name, self.prefetch = batch_size, name, prefetch
         self.dropped = 0
+        self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
         for _ in range(prefetch):
             self.request()
 
@@ -54,7 +58,14 @@ class SampleStream:
                 self.dropped += 1
                 continue
             self.request()
+            self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
             return msg.arrays
+        if time.monotonic() - self.last_reply > self.resend_after:
+            # A shard that died took the requests it held (a restarted one knows none): ask again, backing off while
+            # shards are merely filling up to min_size, so extra requests stay few.
+            for _ in range(self.prefetch):
+                self.request()
+            self.last_reply, self.resend_after = time.monotonic(), min(2 * self.resend_after, RESEND_MAX_S)
         return None
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:

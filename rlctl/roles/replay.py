@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.buffers import PrioritizedReplay
+from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
 from rlctl.envs import probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
@@ -33,6 +34,36 @@ class ReplayShard:
         self.pending: deque[tuple[list, int]] = deque()
         self.dropped = 0
         self.sampled = 0  # transitions handed to the learner
+        self.snapshot_path = Path(rc.checkpoint_dir) / f"{rc.name}.npz" if rc.checkpoint_dir else None
+        self.snapshot_at = -1  # `inserted` at the last snapshot: an unchanged buffer is not written again
+
+    def restore(self) -> None:
+        """Continue from this shard's newest snapshot, if any (after a restart, or `rlctl run --resume`)."""
+        if self.snapshot_path is None or not self.snapshot_path.exists():
+            return
+        started = time.monotonic()
+        try:
+            buffer = load_snapshot(self.snapshot_path, self.replay_spec.capacity)
+        except (SnapshotError, OSError) as exc:
+            print(f"{self.rc.name}: cannot use {self.snapshot_path} ({exc}); starting empty", flush=True)
+            return
+        self.buffer, self.fields, self.snapshot_at = buffer, buffer.layout(), buffer.inserted
+        # The rate limit goes on from its balance point: samples owed for the inserts so far count as made.
+        spi = self.replay_spec.samples_per_insert
+        self.sampled = int(max(0, buffer.inserted - self.replay_spec.min_size) * spi)
+        print(f"{self.rc.name}: loaded snapshot {self.snapshot_path}: {buffer.size} transitions (inserted "
+              f"{buffer.inserted}) in {time.monotonic() - started:.2f}s", flush=True)
+
+    def snapshot(self) -> None:
+        """Write the contents to this host's disk (durably: a kill leaves the previous snapshot)."""
+        if self.snapshot_path is None or self.buffer is None or self.buffer.inserted == self.snapshot_at:
+            return
+        started = time.monotonic()
+        self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        save_snapshot(self.buffer, self.snapshot_path)
+        self.snapshot_at = self.buffer.inserted
+        print(f"{self.rc.name}: snapshot: {self.buffer.size} transitions (inserted {self.buffer.inserted}) in "
+              f"{time.monotonic() - started:.2f}s", flush=True)
 
     def accepting(self) -> bool:
         """Rate limit: read experience only while inserts stay within samples / samples_per_insert."""
@@ -103,7 +134,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=2, rcvbuf=rcvbuf)
     smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000)
     shard = ReplayShard(rc)
-    inserted_last, sampled_last, last_t = 0, 0, time.monotonic()
+    shard.restore()
+    interval = rc.job.replay.snapshot_interval_s
+    next_snapshot = time.monotonic() + interval
+    inserted_last = shard.buffer.inserted if shard.buffer is not None else 0
+    sampled_last, last_t = shard.sampled, time.monotonic()
     print(f"{rc.name}: capacity {rc.job.replay.capacity}, alpha {rc.job.replay.alpha}, listening", flush=True)
     poller_all, poller_smp = zmq.Poller(), zmq.Poller()
     for p in (poller_all, poller_smp):
@@ -137,6 +172,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                 M.REPLAY_PENDING: len(shard.pending), M.NET_DROPPED: shard.dropped,
             })
             inserted_last, sampled_last, last_t = inserted, shard.sampled, now
+        if interval and now >= next_snapshot:
+            shard.snapshot()
+            next_snapshot = time.monotonic() + interval
+    shard.snapshot()  # at stop, also when the supervisor is gone: the contents outlive the process
     net.close()
 
 
