@@ -25,6 +25,7 @@ import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
+from rlctl.control import ControlError, ControlMessage, parse_control
 from rlctl.durable import remove_temporaries
 from rlctl.forkserver import FORKED_MODULES, ForkedProcess, ForkServer
 from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
@@ -485,43 +486,40 @@ class Supervisor:
         if self.control is None or not self.control.poll(timeout_ms):
             return
         for identity, msg in wire.receive_waiting(self.control, routed=True):
-            if msg is None:
-                self.control_dropped += 1
-                continue
             try:
-                self._on_message(msg, identity)
-            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                if msg is None:
+                    raise ControlError("undecodable")
+                self._on_message(parse_control(msg.kind, msg.sender, msg.meta), identity)
+            except ControlError:
                 self.control_dropped += 1
 
-    def _on_message(self, msg: wire.Message, identity: list) -> None:
-        self.identities[msg.sender] = identity
-        handle = self.by_name.get(msg.sender)
-        if msg.sender.startswith("learner-"):
+    def _on_message(self, msg: ControlMessage, identity: list) -> None:
+        """A validated hello or heartbeat: the sender is alive; its figures go to the hub."""
+        if msg.role == "learner":
             # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
-            rank = msg.sender.removeprefix("learner-")
-            node = self.spec.learner_node_of(int(rank)) if rank.isdigit() and int(rank) < self.spec.learner_ranks else -1
-            handle = self.by_name.get(f"learner-{node}")
+            if msg.rank >= self.spec.learner_ranks:
+                raise ControlError(f"no learner rank {msg.rank}")
+            handle = self.by_name.get(f"learner-{self.spec.learner_node_of(msg.rank)}")
+        else:
+            handle = self.by_name.get(msg.sender)
         if handle is None:
-            return
-        meta = msg.meta if isinstance(msg.meta, dict) else {}
-        now = time.time()
-        handle.last_heartbeat = now
+            raise ControlError(f"no process {msg.sender} in the plan")
+        self.identities[msg.sender] = identity
+        handle.last_heartbeat = time.time()
         if handle.state == ProcState.STARTING:
             handle.state = ProcState.RUNNING
-        metrics = meta.get("metrics")
-        if handle.spec.role == "learner" and isinstance(meta.get("pid"), int) and isinstance(meta.get("rank"), int):
-            handle.rank_pids[meta["rank"]] = meta["pid"]
-        if msg.kind == "heartbeat" and isinstance(metrics, dict):
-            if handle.spec.role == "learner":
-                rank = meta.get("rank", 0)
-                if not isinstance(rank, int) or isinstance(rank, bool):
-                    raise ValueError("rank")
-                metrics = {**metrics, "rank": rank}
-                if rank != 0:
-                    self.hub.on_heartbeat(f"learner-rank{rank}", "learner", metrics)
-                    return
-            self.hub.on_heartbeat(handle.spec.name, handle.spec.role, metrics)
-            handle.metrics = self.hub.latest.get(handle.spec.name, {})
+        if msg.role == "learner" and msg.pid is not None:
+            handle.rank_pids[msg.rank] = msg.pid
+        if msg.kind != "heartbeat":
+            return
+        metrics = {**msg.metrics, **msg.episodes}
+        if msg.role == "learner":
+            metrics["rank"] = msg.rank
+            if msg.rank != 0:
+                self.hub.on_heartbeat(f"learner-rank{msg.rank}", "learner", metrics)
+                return
+        self.hub.on_heartbeat(handle.spec.name, handle.spec.role, metrics)
+        handle.metrics = self.hub.latest.get(handle.spec.name, {})
 
     def _check_children(self) -> bool:
         """Reap exited children; restart or fail. True when the run must end."""
@@ -562,6 +560,8 @@ class Supervisor:
         if h.spec.critical or len(h.restart_times) >= topo.max_restarts:
             return False
         delay = min(topo.restart_backoff_s * 2 ** len(h.restart_times), MAX_BACKOFF_S)
+        if not (h.note or "").startswith("hung") or h.exit_code not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            h.note = f"exited with code {h.exit_code} at {time.strftime('%H:%M:%S')}; restarted after {delay:.1f}s"
         h.restart_times.append(now)
         h.restarts += 1
         h.state, h.start_at = ProcState.RESTARTING, now + delay

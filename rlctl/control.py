@@ -1,0 +1,112 @@
+"""The control channel's one parser: a decoded wire message from a role -> a typed `ControlMessage`, or ControlError.
+
+Everything the supervisor acts on (who sent it, which learner rank, which pid, which figures) passes through
+`parse_control` first; what fails is dropped and counted (`net/dropped`), and the supervisor goes on. Figures are
+finite numbers (the parameter digests: short strings); non-finite values are left out (a stop criterion never fires
+on inf or nan; a diverging learner says so in its own flag), lists only where a heartbeat carries the episodes that
+ended.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from rlctl import metric_names as M
+
+KINDS = frozenset({"hello", "heartbeat"})
+# ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
+SENDER = re.compile(r"(collector|evaluator|replay|learner)-([0-9]{1,6})")
+MAX_METRICS = 256
+MAX_KEY_CHARS = 128
+MAX_TEXT_CHARS = 256
+MAX_EPISODES = 100_000  # episodes one heartbeat may report (a collector with many envs between heartbeats)
+LIST_METRICS = frozenset({M.EPISODE_RETURNS, M.EPISODE_LENGTHS})
+TEXT_METRICS = frozenset({M.PARAM_DIGEST, M.DIGEST_CHAIN})  # every other figure is a number
+
+
+class ControlError(ValueError):
+    """A control message that does not match the schema."""
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """A validated hello or heartbeat."""
+
+    kind: str
+    role: str
+    rank: int  # the sender's rank (a learner: its torchrun rank)
+    pid: int | None = None
+    metrics: dict = field(default_factory=dict)  # name -> finite number or short string; LIST_METRICS -> lists
+    episodes: dict = field(default_factory=dict)  # EPISODE_RETURNS / EPISODE_LENGTHS -> list[float]
+
+    @property
+    def sender(self) -> str:
+        """`role-rank`."""
+        return f"{self.role}-{self.rank}"
+
+
+def _int(value: object, what: str, low: int = 0, high: int = 1 << 31) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise ControlError(f"{what} is not an integer in [{low}, {high})")
+    return value
+
+
+def _finite_list(value: object, name: str) -> list[float]:
+    if not isinstance(value, list) or len(value) > MAX_EPISODES:
+        raise ControlError(f"{name} is not a list of at most {MAX_EPISODES} numbers")
+    out = []
+    for x in value:
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
+            raise ControlError(f"{name} holds a non-number")
+        if math.isfinite(x):
+            out.append(float(x))
+    return out
+
+
+def parse_metrics(raw: object) -> tuple[dict, dict]:
+    """(figures, episode lists) from a heartbeat's `metrics` map; non-finite numbers are left out."""
+    if not isinstance(raw, dict) or len(raw) > MAX_METRICS:
+        raise ControlError(f"metrics is not a map of at most {MAX_METRICS} entries")
+    figures, episodes = {}, {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS or not key.isprintable():
+            raise ControlError("a metric name is not a short printable string")
+        if key in LIST_METRICS:
+            episodes[key] = _finite_list(value, key)
+        elif isinstance(value, bool):
+            figures[key] = int(value)
+        elif isinstance(value, int):
+            if abs(value) >= 1 << 63:
+                raise ControlError(f"{key} is out of range")
+            figures[key] = value
+        elif isinstance(value, float):
+            if math.isfinite(value):
+                figures[key] = value
+        elif isinstance(value, str) and key in TEXT_METRICS:
+            if len(value) > MAX_TEXT_CHARS:
+                raise ControlError(f"{key} is a string over {MAX_TEXT_CHARS} characters")
+            figures[key] = value
+        else:
+            raise ControlError(f"{key} is not a number")
+    return figures, episodes
+
+
+def parse_control(kind: str, sender: str, meta: object) -> ControlMessage:
+    """Validate one message from a role; ControlError says what is wrong."""
+    if kind not in KINDS:
+        raise ControlError(f"unknown kind {kind!r}")
+    match = SENDER.fullmatch(sender)
+    if match is None:
+        raise ControlError(f"sender {sender!r} is not role-rank")
+    if not isinstance(meta, dict):
+        raise ControlError("meta is not a map")
+    role, rank = match.group(1), int(match.group(2))
+    pid = _int(meta["pid"], "pid", 1, 1 << 32) if "pid" in meta else None
+    if "rank" in meta and _int(meta["rank"], "rank", 0, 1 << 20) != rank:
+        raise ControlError(f"rank {meta['rank']} does not match sender {sender}")
+    figures, episodes = parse_metrics(meta.get("metrics", {})) if kind == "heartbeat" else ({}, {})
+    if "rank" in figures and figures["rank"] != rank:
+        raise ControlError(f"metrics rank {figures['rank']} does not match sender {sender}")
+    return ControlMessage(kind, role, rank, pid, figures, episodes)

@@ -1,0 +1,120 @@
+"""The control channel's parser, and a running supervisor fed malformed control messages."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import only_run, read_state, run_cli, small_job, wait_for
+from rlctl import metric_names as M
+from rlctl import wire
+from rlctl.control import ControlError, parse_control
+
+
+def test_a_valid_heartbeat_parses_to_typed_figures():
+    msg = parse_control("heartbeat", "collector-3", {"pid": 42, "rank": 3, "metrics": {
+        "env_steps": 10, M.ENV_STEPS_PER_S: 5.5, M.EPISODE_RETURNS: [1.0, float("inf"), 2], M.PARAM_DIGEST: "ab"}})
+    assert (msg.role, msg.rank, msg.pid, msg.sender) == ("collector", 3, 42, "collector-3")
+    assert msg.metrics == {"env_steps": 10, M.ENV_STEPS_PER_S: 5.5, M.PARAM_DIGEST: "ab"}
+    assert msg.episodes == {M.EPISODE_RETURNS: [1.0, 2.0]}  # the infinite return is left out
+
+
+@pytest.mark.parametrize("kind,sender,meta", [
+    ("heartbeat", "collector-0", {"metrics": {"env_steps": "x"}}),
+    ("heartbeat", "learner-0", {"rank": "x", "metrics": {}}),
+    ("heartbeat", "collector-0", {"metrics": {M.EPISODE_RETURNS: 5}}),
+    ("heartbeat", "learner-²", {"metrics": {}}),
+    ("heartbeat", "collector-0", {"rank": 1, "metrics": {}}),  # a rank that is not the sender's
+    ("heartbeat", "collector-0", {"pid": -4, "metrics": {}}),
+    ("heartbeat", "collector-0", {"metrics": {"x": [1, 2]}}),
+    ("heartbeat", "collector-0", {"metrics": {"x": 1 << 70}}),
+    ("heartbeat", "collector-0", {"metrics": {"": 1}}),
+    ("heartbeat", "collector-0", {"metrics": {M.EPISODE_RETURNS: ["a"]}}),
+    ("heartbeat", "collector-0", {"metrics": 7}),
+    ("heartbeat", "collector-0", []),
+    ("stop", "collector-0", {}),
+    ("heartbeat", "supervisor", {}),
+    ("heartbeat", "collector-01234567", {}),
+])
+def test_malformed_control_messages_are_refused(kind, sender, meta):
+    with pytest.raises(ControlError):
+        parse_control(kind, sender, meta)
+
+
+def test_non_finite_figures_are_left_out():
+    msg = parse_control("heartbeat", "evaluator-0", {"metrics": {M.EVAL_RETURN_MEAN: float("inf"),
+                                                                 M.EVAL_STREAK: 3, "x": float("nan")}})
+    assert msg.metrics == {M.EVAL_STREAK: 3}
+
+
+json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=500, deadline=None)
+@given(kind=st.sampled_from(["hello", "heartbeat", "stop", ""]) | st.text(max_size=10),
+       sender=st.sampled_from(["collector-0", "learner-1", "evaluator-0", "replay-2"]) | st.text(max_size=20),
+       meta=st.dictionaries(st.sampled_from(["pid", "rank", "metrics"]) | st.text(max_size=5), json_like, max_size=4)
+       | json_like)
+def test_the_control_parser_raises_nothing_but_its_own_error(kind, sender, meta):
+    try:
+        msg = parse_control(kind, sender, meta)
+    except ControlError:
+        return
+    for value in msg.metrics.values():
+        assert isinstance(value, str) or math.isfinite(value)
+
+
+def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_path):
+    """Each malformed heartbeat once crashed the supervisor (and then nothing was stopped); it now drops and counts
+    them, and a forged infinite evaluator return does not end the run as finished."""
+    job = small_job(tmp_path, name="hostile", stop="wall_s = 12\neval_return = 1e9")
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs)}
+    run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=30).stdout.split()[0]
+    run_dir = runs / run_id
+    wait_for(lambda: read_state(run_dir).get("status") == "running", 60, what="a running supervisor")
+    plan = __import__("json").loads((run_dir / "plan.json").read_text())
+    keys = wire.CurveKeys.from_env(_keys_of_a_process(run_dir, plan))
+    net = wire.SecureContext(keys)
+    sock = net.client(zmq.DEALER, plan["endpoints"]["control"])
+    bad = [
+        ("heartbeat", "collector-0", {"metrics": {"env_steps": "x"}}),
+        ("heartbeat", "learner-0", {"rank": "x", "metrics": {}}),
+        ("heartbeat", "collector-0", {"metrics": {M.EPISODE_RETURNS: 5}}),
+        ("heartbeat", "learner-²", {"metrics": {}}),
+    ]
+    for kind, sender, meta in bad:
+        wire.send(sock, kind, sender, 0, meta)
+    sock.send_multipart([msgpack.packb({"k": 1}), b"junk"])
+    wire.send(sock, "heartbeat", "evaluator-0", 0, {"metrics": {M.EVAL_RETURN_MEAN: float("inf"), M.EVAL_STREAK: 99}})
+    wait_for(lambda: read_state(run_dir)["metrics"].get(M.NET_DROPPED, 0) >= len(bad) + 1, 20, what="drops counted")
+    net.close()
+    state = wait_for(lambda: read_state(run_dir).get("status") in ("finished", "failed", "stopped")
+                     and read_state(run_dir), 60, what="the run to end")
+    assert state["status"] == "finished" and state["exit_reason"].startswith("wall time"), state["exit_reason"]
+    assert only_run(runs) == run_dir
+
+
+def _keys_of_a_process(run_dir, plan) -> str:
+    """The job's keys, read the way an attacker on the host could not: from a role process's environment."""
+    import os
+
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"RLCTL_RUN_ID={plan['run_id']}".encode() in env:
+                for item in env:
+                    if item.startswith(wire.KEYS_ENV.encode() + b"="):
+                        return item.split(b"=", 1)[1].decode()
+    pytest.fail("no process of the run holds the keys")
