@@ -40,7 +40,7 @@ STATUS_STYLES = {
 ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
 
 RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
-PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat age"]
+PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat age", "note"]
 
 
 def get_console(stderr: bool = False) -> "Console":
@@ -245,6 +245,7 @@ def _process_row(proc: dict, now: float) -> list:
         proc.get("restarts"),
         f"{format_rate(rate)} {unit}".strip() if rate is not None else "-",
         f"{format_duration(now - heartbeat)} ago" if heartbeat is not None else "-",
+        str(proc.get("note") or ""),  # why it was last restarted or killed (a hang)
     ]
 
 

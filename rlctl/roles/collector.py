@@ -228,6 +228,8 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
         report.env_steps += report.episodes.add(block.rewards, block.done, block.valid)
         if not sender.send_blocking(block.arrays, version, stop, waiting):
             break
+        if sender.sent == block.arrays["reward"].size:  # bench/faults.py times a restart up to this line
+            print(f"{rc.name}: first batch sent ({sender.sent} transitions)", flush=True)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ class LearnerShell:
         self.diverging = False
         self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of the ranks
         self.restore()
+        self.restored_updates = self.updates
 
     # -- weights and checkpoints --------------------------------------------
     def publish(self, again: bool = False) -> None:
@@ -196,7 +197,7 @@ class LearnerShell:
               f"{sum(p.numel() for p in self.model.parameters())} parameters", flush=True)
         next_ckpt = time.monotonic() + self.job.logging.checkpoint_interval_s
         totals: dict = {}
-        last_t, last_updates, samples, n, wait_s = time.monotonic(), 0, 0, 0, 0.0
+        last_t, last_updates, samples, n, wait_s = time.monotonic(), self.updates, 0, 0, 0.0
         while True:
             if self.updates % STOP_CHECK_EVERY == 0 and control.stop_requested():
                 self.stop.requested = True
@@ -206,6 +207,8 @@ class LearnerShell:
                 break
             wait_s += time.monotonic() - t0
             result = core.update(batch)
+            if self.updates == self.restored_updates:  # the first since start: bench/faults.py times restarts to here
+                print(f"{rc.name}: first update ({self.updates + 1}) since start", flush=True)
             self.source.feedback(batch, result)
             self.updates += 1
             samples += result.samples
