@@ -24,6 +24,17 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
+# Items a replay shard serves per sample request: rlctl.roles.replay.MAX_SAMPLE, mirrored here (a test keeps the two
+# equal) so that loading a job imports nothing heavy. A larger algorithm.batch_size would have every request dropped.
+REPLAY_MAX_SAMPLE = 1 << 16
+MAX_PORT = 65535
+# With network.base_port = 0, rlctl.plan.choose_base_port tries bases from 20000 up to this one (in steps of 16).
+AUTO_BASE_PORT_MAX = 20000 + 31984
+ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+ENV_VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# What an SSH destination or an address must not hold: ssh reads a leading `-` as an option, and these would mean
+# something to the remote shell or split an argument (user@host, host names, IPv4 and IPv6 literals need none).
+UNSAFE_ADDRESS_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f;&|$`'\"\\<>(){}]")
 
 
 class JobFileError(Exception):
@@ -71,7 +82,7 @@ class JobSection(Section):
     """Stop criteria."""
 
 
-EntryPoint = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")]
+EntryPoint = Annotated[str, Field(pattern=ENTRY_POINT_PATTERN)]
 
 
 class WrapperSpec(Section):
@@ -87,7 +98,8 @@ class EnvSpec(Section):
     """The environment every collector and the evaluator step."""
 
     id: Annotated[str, Field(min_length=1)]
-    """A registered gymnasium id (`CartPole-v1`) or an entry point `module:attr`."""
+    """A gymnasium id registered when gymnasium is imported (`CartPole-v1`; checked when the job is loaded) or an
+    entry point `module:attr` (imported when the env is made), e.g. for an env of another package."""
     kwargs: dict[str, Any] = {}
     """Keyword arguments passed to the environment constructor."""
     envs_per_collector: Annotated[int, Field(ge=1, le=65536)] = 8
@@ -106,6 +118,18 @@ class EnvSpec(Section):
         # "module:Class" is short for { name = "module:Class" }.
         if isinstance(value, list):
             return [{"name": w} if isinstance(w, str) else w for w in value]
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if ":" in value:  # an entry point: imported where the env is made, so only its form is checked here
+            if not re.fullmatch(ENTRY_POINT_PATTERN, value):
+                raise ValueError("an entry point is `module:attr` (a dotted module path, a colon, a name)")
+            return value
+        problem = env_id_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -147,13 +171,20 @@ class ReplaySpec(Section):
     beta_steps: PosInt = 20_000
     """Sample calls over which beta reaches 1."""
     min_size: NonNegInt = 2000
-    """Transitions a shard holds before it serves samples (DQN's learning_starts)."""
+    """Transitions a shard holds before it serves samples (DQN's learning_starts); at most `capacity`."""
     samples_per_insert: Annotated[float, Field(ge=0, le=1e6)] = 0.0
     """Rate limit (Reverb's sample-to-insert ratio): a shard reads new experience only while
     inserted <= min_size + sampled / samples_per_insert, so collectors wait for the learner; 0 = off."""
     snapshot_interval_s: Annotated[float, Field(ge=0, le=1e7)] = 60.0
     """Seconds between snapshots of each shard's contents to its host's disk (also written at stop; 0: only at
     stop). A restarted or resumed shard loads the newest; a hard kill loses what arrived since."""
+
+    @model_validator(mode="after")
+    def _check_min_size(self) -> "ReplaySpec":
+        if self.min_size > self.capacity:
+            raise ValueError(f"min_size: {self.min_size} is more than replay.capacity {self.capacity}; a shard would "
+                             "never serve samples")
+        return self
 
 
 class TopologySpec(Section):
@@ -211,7 +242,8 @@ class NetworkSpec(Section):
     """Ports of the data plane, and how long remote processes go on without word from the supervisor."""
 
     base_port: Annotated[int, Field(ge=0, le=65000)] = 0
-    """First port of the job's contiguous range; 0 = the first free range from a per-job default."""
+    """First port of the job's contiguous range (which must end by 65535); 0 = the first free range from a per-job
+    default."""
     session_timeout_s: Annotated[float, Field(ge=1.0, le=86400.0)] = 30.0
     """A remote process whose SSH session brings nothing from the supervisor for this long (a network partition, a
     frozen supervisor) stops itself, rather than run on unsupervised; the supervisor pings every third of it."""
@@ -223,7 +255,8 @@ class HostSpec(Section):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
     """Short name shown in status and logs."""
     address: str | None = None
-    """SSH destination (anything `ssh` accepts, `~/.ssh/config` aliases too); default `name`."""
+    """SSH destination (anything `ssh` accepts, `~/.ssh/config` aliases too, but no leading `-`, whitespace or shell
+    metacharacters); default `name`."""
     user: str | None = None
     """SSH user."""
     port: Annotated[int, Field(ge=1, le=65535)] | None = None
@@ -237,7 +270,7 @@ class HostSpec(Section):
     workdir: str | None = None
     """Working directory there."""
     env: dict[str, str] = {}
-    """Extra environment variables there."""
+    """Extra environment variables there (names of letters, digits and `_`, not starting with a digit)."""
     advertise_address: str | None = None
     """Address the other hosts reach this one at (and its servers bind); default: the host name its SSH destination
     resolves to (`ssh -G`: `~/.ssh/config` aliases applied), servers binding all interfaces."""
@@ -251,6 +284,30 @@ class HostSpec(Section):
     """Replay shards here."""
     evaluator: bool = False
     """Run the evaluator here."""
+
+    @field_validator("address", "user", "advertise_address")
+    @classmethod
+    def _check_address(cls, value: str | None) -> str | None:
+        # These reach ssh's command line and the remote shell: nothing there may read as an option or as shell syntax.
+        if value is None:
+            return value
+        if value.startswith("-"):
+            raise ValueError("must not start with '-' (ssh would read it as an option)")
+        bad = UNSAFE_ADDRESS_RE.search(value)
+        if bad:
+            raise ValueError(f"must not contain {bad.group()!r} (whitespace, control characters and shell "
+                             "metacharacters are refused)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        # Names are written unquoted into the remote shell's command line (`env NAME=value ...`).
+        for name in value:
+            if not ENV_VAR_NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, not "
+                                 "starting with a digit)")
+        return value
 
     @property
     def destination(self) -> str:
@@ -308,6 +365,11 @@ class JobSpec(Section):
             raise ValueError("hosts: at most one host may have evaluator = true")
         if self.algo.uses_replay and sum(h.replay_shards for h in self.hosts) == 0:
             raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
+        if not self.algo.uses_replay:
+            for i, h in enumerate(self.hosts):
+                if h.replay_shards:
+                    raise ValueError(f"hosts[{i}].replay_shards: {self.algorithm.name} learns from rollouts, not "
+                                     f"replay, so {h.name!r} would run shards that nothing uses (set 0)")
         for i, h in enumerate(self.hosts):
             if h.learner_procs is not None and not h.learner:
                 raise ValueError(f"hosts[{i}].learner_procs: {h.name!r} runs no learner (set learner = true)")
@@ -317,6 +379,28 @@ class JobSpec(Section):
                 if h.is_local and (h.learner or h.replay_shards) and not h.advertise_address:
                     raise ValueError(f"hosts[{i}].advertise_address: {h.name!r} runs servers that remote hosts connect "
                                      "to; give the address they reach this machine at")
+        return self
+
+    @model_validator(mode="after")
+    def _check_runnable(self) -> "JobSpec":
+        # After the checks above, so that their (more basic) complaints come first.
+        where = "hosts" if self.hosts else "topology.collectors"
+        if self.algo.uses_replay and self.collector_count == 0:
+            raise ValueError(f"{where}: {self.algorithm.name} needs at least one collector to fill its replay shards"
+                             + ("; give some host collectors >= 1" if self.hosts else ""))
+        batch = getattr(self.algorithm, "batch_size", None)
+        if self.algo.uses_replay and batch is not None and batch > REPLAY_MAX_SAMPLE:
+            raise ValueError(f"algorithm.batch_size: {batch} is more than a replay shard serves per request "
+                             f"({REPLAY_MAX_SAMPLE}); every sample request would be dropped")
+        need, base = self.port_count, self.network.base_port
+        top = MAX_PORT + 1 - need  # the highest base that fits the job's range
+        fix = f"set network.base_port to at most {top}" if top >= 1024 else "run fewer replay shards or learner ranks"
+        if base and base > top:
+            raise ValueError(f"network.base_port: the job's {need} ports from {base} run past {MAX_PORT} (to "
+                             f"{base + need - 1}); {fix}")
+        if not base and AUTO_BASE_PORT_MAX > top:
+            raise ValueError(f"network.base_port: 0 picks a range starting as high as {AUTO_BASE_PORT_MAX}, too high "
+                             f"for the job's {need} ports; {fix}")
         return self
 
     @property
@@ -358,6 +442,33 @@ class JobSpec(Section):
     def collector_count(self) -> int:
         """Total collector processes."""
         return sum(h.collectors for h in self.hosts) if self.hosts else self.topology.collectors
+
+    @property
+    def port_count(self) -> int:
+        """Size of the job's contiguous port range (rlctl.plan.ports_needed; a test keeps the two equal): control,
+        weights and rendezvous, two per replay shard, one per learner rank for rollouts, and one more."""
+        rollout_ports = 0 if self.algo.uses_replay else self.learner_ranks
+        return 3 + 2 * self.replay_shard_count + rollout_ports + 1
+
+
+def env_id_problem(env_id: str) -> str | None:
+    """Why a registered-style env id (no `module:` part) cannot be made, or None when gymnasium knows it.
+
+    Asks `gymnasium.spec`, as rlctl.envs does before making the env; gymnasium is imported here, not when this module
+    is, so commands that never load a job stay light.
+    """
+    try:
+        import gymnasium
+    except ImportError:  # pragma: no cover - a dependency; without it the env fails where it is made
+        return None
+    try:
+        gymnasium.spec(env_id)
+    except Exception:  # gymnasium.error.Error and kin: unregistered, malformed, unknown namespace or version
+        hint = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
+        if hint:
+            return f"not registered in gymnasium; did you mean {hint[0]!r}?"
+        return "not registered in gymnasium; for an env of another package give its entry point `module:attr`"
+    return None
 
 
 def _key_path(loc: tuple) -> str:

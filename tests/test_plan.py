@@ -256,9 +256,9 @@ def test_explicit_replay_shards():
     assert len(set(experience)) == 3
 
 
-def test_no_evaluator_and_no_collectors():
-    p = plan_of(apex_job(topology={"evaluator": False, "collectors": 0}))
-    assert [x.name for x in p.processes] == ["replay-0", "learner-0"]
+def test_no_evaluator():
+    p = plan_of(apex_job(topology={"evaluator": False, "collectors": 1}))
+    assert [x.name for x in p.processes] == ["replay-0", "learner-0", "collector-0"]
 
 
 def test_many_collectors():

@@ -93,7 +93,7 @@ advertise_address = "head.example"
 learner = true
 replay_shards = 2
 evaluator = true
-env = { CUDA_VISIBLE_DEVICES = "0,1", WEIRD = "a b \"c\" $HOME\n", "dotted.name" = "ok" }
+env = { CUDA_VISIBLE_DEVICES = "0,1", WEIRD = "a b \"c\" $HOME\n", _under_score9 = "ok" }
 
 [[hosts]]
 name = "worker-1"
@@ -195,6 +195,41 @@ BAD_CASES = {
     "r2d2-period-longer-than-sequence": (MINIMAL.replace('name = "apex"', 'name = "r2d2"\nburn_in = 2\n'
                                                          'trace_length = 3\nsequence_period = 6'),
                                          "algorithm.sequence_period", "longer than a sequence"),
+    # Jobs that pass the schema but could not run (issue 13).
+    "batch-size-over-shard-limit": (MINIMAL + "batch_size = 65537\n", "algorithm.batch_size",
+                                    "more than a replay shard serves per request (65536)"),
+    "replay-min-size-over-capacity": (MINIMAL + "[replay]\ncapacity = 50000\nmin_size = 60000\n", "replay.min_size",
+                                      "60000 is more than replay.capacity 50000; a shard would never serve samples"),
+    "off-policy-no-collectors": (MINIMAL + "[topology]\ncollectors = 0\n", "topology.collectors",
+                                 "apex needs at least one collector"),
+    "off-policy-hosts-no-collectors": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\n'
+                                       '[[hosts]]\nname = "b"\ncollectors = 0\n', "hosts",
+                                       "apex needs at least one collector"),
+    "on-policy-no-collectors": (MINIMAL.replace('"apex"', '"ppo"') + "[topology]\ncollectors = 0\n",
+                                "topology.collectors", "at least one collector per rank"),
+    "ports-past-65535": (MINIMAL + "[topology]\nreplay_shards = 300\n[network]\nbase_port = 65000\n",
+                         "network.base_port", "run past 65535 (to 65603); set network.base_port to at most 64932"),
+    "ports-past-65535-by-learner-ranks": (MINIMAL.replace('"apex"', '"ppo"') +
+                                          "[topology]\nlearner_procs = 600\ncollectors = 600\n"
+                                          "[network]\nbase_port = 65000\n", "network.base_port", "run past 65535"),
+    "ports-past-65535-from-automatic-base": (MINIMAL + "[topology]\nreplay_shards = 7000\n", "network.base_port",
+                                             "too high for the job's 14004 ports"),
+    "on-policy-host-replay-shards": (MINIMAL.replace('"apex"', '"ppo"') + '[[hosts]]\nname = "a"\nlearner = true\n'
+                                     'collectors = 2\n[[hosts]]\nname = "b"\nreplay_shards = 1\n',
+                                     "hosts[1].replay_shards", "ppo learns from rollouts, not replay"),
+    "env-id-unregistered": (MINIMAL.replace("CartPole-v1", "CartPol-v1"), "env.id",
+                            "not registered in gymnasium; did you mean 'CartPole-v1'?"),
+    "env-id-unversioned": (MINIMAL.replace("CartPole-v1", "CartPole"), "env.id", "did you mean 'CartPole-v1'?"),
+    "env-id-unknown-namespace": (MINIMAL.replace("CartPole-v1", "NoSuchSuite/Pong-v5"), "env.id",
+                                 "give its entry point `module:attr`"),
+    "env-id-bad-entry-point": (MINIMAL.replace("CartPole-v1", "ale_py:ALE/Pong-v5"), "env.id",
+                               "an entry point is `module:attr`"),
+    "host-env-name-injection": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\ncollectors = 1\n'
+                                'env = { "A$(touch /tmp/pwned)" = "x" }\n', "hosts[0].env",
+                                "'A$(touch /tmp/pwned)' is not an environment variable name"),
+    "host-address-ssh-option": (MINIMAL + '[[hosts]]\nname = "a"\nlearner = true\nreplay_shards = 1\n'
+                                'collectors = 1\naddress = "-oProxyCommand=touch /tmp/pwned"\n', "hosts[0].address",
+                                "must not start with '-'"),
     "toml-syntax": (MINIMAL + "[replay\nalpha = 0.5\n", "", "not valid TOML"),
     "toml-duplicate-key": (MINIMAL + "[replay]\nalpha = 0.5\nalpha = 0.6\n", "", "not valid TOML"),
 }
@@ -256,7 +291,8 @@ def test_validate_job_default_path_and_custom_path():
     assert {k for k, _ in info.value.problems} >= {"job", "env", "algorithm"}
 
 
-@pytest.mark.parametrize("case", ["unknown-key", "nan", "duplicate-hosts", "toml-syntax", "unknown-algorithm"])
+@pytest.mark.parametrize("case", ["unknown-key", "nan", "duplicate-hosts", "toml-syntax", "unknown-algorithm",
+                                  "replay-min-size-over-capacity", "env-id-unregistered", "host-address-ssh-option"])
 def test_cli_validate_bad_file_exits_2_without_traceback(tmp_path, case):
     text, key, fragment = BAD_CASES[case]
     path = write(tmp_path, text, "bad.toml")
@@ -279,6 +315,142 @@ def test_cli_validate_mixed_files(tmp_path):
     assert str(bad) in proc.stderr and "replay.alpha" in proc.stderr
     assert str(missing) in proc.stderr and "not found" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_cli_refuses_unrunnable_job_before_starting_anything(tmp_path, command):
+    # On-policy [[hosts]] with replay shards used to end `rlctl run`/`plan` in a StopIteration traceback.
+    text, key, fragment = BAD_CASES["on-policy-host-replay-shards"]
+    path = write(tmp_path, text, "bad.toml")
+    runs = tmp_path / "runs"
+    proc = rlctl(command, str(path), "--runs-dir", str(runs))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert str(path) in proc.stderr and f"{key}: " in proc.stderr and fragment in proc.stderr
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def _job(**sections) -> dict:
+    data = tomllib.loads(MINIMAL)
+    for section, values in sections.items():
+        data.setdefault(section, {}).update(values) if isinstance(values, dict) else data.__setitem__(section, values)
+    return data
+
+
+def _problems(data: dict) -> dict[str, str]:
+    with pytest.raises(JobFileError) as info:
+        validate_job(data, "job.toml")
+    return dict(info.value.problems)
+
+
+def test_batch_size_limit_is_the_replay_shards():
+    from rlctl.roles.replay import MAX_SAMPLE
+
+    assert spec_mod.REPLAY_MAX_SAMPLE == MAX_SAMPLE
+    assert validate_job(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE})).algorithm.batch_size == MAX_SAMPLE
+    assert "algorithm.batch_size" in _problems(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE + 1}))
+
+
+def test_replay_min_size_may_equal_capacity():
+    assert validate_job(_job(replay={"capacity": 5000, "min_size": 5000})).replay.min_size == 5000
+
+
+@pytest.mark.parametrize("variant", [
+    {}, {"topology": {"learner_procs": 3}}, {"topology": {"replay_shards": 5, "collectors": 9}},
+    {"algorithm": {"name": "ppo"}, "topology": {"learner_procs": 4, "collectors": 4}},
+    {"algorithm": {"name": "impala"}, "hosts": [{"name": "a", "learner": True, "learner_procs": 2, "collectors": 2},
+                                                {"name": "b", "learner": True, "collectors": 3}]},
+    {"hosts": [{"name": "a", "learner": True, "replay_shards": 3, "collectors": 1},
+               {"name": "b", "replay_shards": 2, "collectors": 2}]},
+])
+def test_port_count_is_what_the_plan_binds(variant):
+    from rlctl.plan import make_plan, ports_needed
+
+    data = _job(**variant)
+    if "hosts" in variant:
+        data["topology"] = {k: v for k, v in data.get("topology", {}).items() if k not in spec_mod.HOST_COUNT_KEYS}
+    spec = validate_job(data)
+    assert spec.port_count == ports_needed(spec)
+    plan = make_plan(spec, "r", "/tmp/r", 40000)
+    assert max(plan.ports()) < 40000 + spec.port_count
+
+
+def test_port_range_may_end_at_65535():
+    topology = {"replay_shards": 300}
+    need = validate_job(_job(topology=topology)).port_count
+    assert need == 604
+    assert validate_job(_job(topology=topology, network={"base_port": 65536 - need})).network.base_port == 65536 - need
+    problems = _problems(_job(topology=topology, network={"base_port": 65537 - need}))
+    assert f"to 65536); set network.base_port to at most {65536 - need}" in problems["network.base_port"]
+
+
+def test_port_range_too_large_for_any_base_says_to_run_fewer():
+    problems = _problems(_job(network={"base_port": 1024}, topology={"replay_shards": 40000}))
+    assert "run fewer replay shards or learner ranks" in problems["network.base_port"]
+
+
+def test_on_policy_job_without_replay_shards_on_hosts_is_fine():
+    spec = validate_job(_job(algorithm={"name": "appo"}, hosts=[{"name": "a", "learner": True, "collectors": 2},
+                                                                {"name": "b", "replay_shards": 0, "collectors": 1}]))
+    assert spec.replay_shard_count == 0 and spec.collector_count == 3
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "CartPole-v0", "Pendulum-v1", "MountainCarContinuous-v0",
+                                    "my_pkg.envs:make_env", "pkg:Env", "_private.mod:make"])
+def test_registered_and_entry_point_env_ids_are_accepted(env_id):
+    # Entry points are checked for their form only: the module need not be importable here.
+    assert validate_job(_job(env={"id": env_id})).env.id == env_id
+
+
+@pytest.mark.parametrize("env_id", ["pkg:", ":Env", "pkg:Env-v0", "a b:c", "pkg:mod:Env", "1pkg:Env"])
+def test_malformed_entry_points_are_refused(env_id):
+    assert "entry point is `module:attr`" in _problems(_job(env={"id": env_id}))["env.id"]
+
+
+def test_env_id_check_agrees_with_gymnasium():
+    import gymnasium
+
+    registered = sorted(gymnasium.registry)[:20]
+    for env_id in registered:
+        assert validate_job(_job(env={"id": env_id})).env.id == env_id
+    gymnasium.register("RlctlTestOnly-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")
+    try:
+        assert validate_job(_job(env={"id": "RlctlTestOnly-v0"})).env.id == "RlctlTestOnly-v0"
+    finally:
+        del gymnasium.registry["RlctlTestOnly-v0"]
+    assert "env.id" in _problems(_job(env={"id": "RlctlTestOnly-v0"}))
+
+
+def test_loading_the_schema_imports_no_gymnasium():
+    probe = ("import sys; import rlctl.spec; "
+             "print(sorted(m for m in ('gymnasium', 'torch', 'numpy', 'zmq') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["A$(touch /tmp/x)", "1ABC", "A-B", "a.b", "A B", "", "A=B", "A;B", "É"])
+def test_host_env_names_must_be_shell_names(name):
+    host = {"name": "a", "learner": True, "replay_shards": 1, "collectors": 1, "env": {name: "x"}}
+    assert "not an environment variable name" in _problems(_job(hosts=[host]))["hosts[0].env"]
+
+
+@pytest.mark.parametrize("field", ["address", "advertise_address", "user"])
+@pytest.mark.parametrize("value", ["-oProxyCommand=sh -c id", "-p2222", "h;id", "h&&id", "h|id", "h$(id)", "h`id`",
+                                  "h'x", 'h"x', "h\\x", "h<x", "h>x", "h(x)", "h{x}", "a b", "a\tb", "a\nb", "a\x00b",
+                                  "a\x7fb", "a\u2003b"])
+def test_host_addresses_refuse_options_and_shell_syntax(field, value):
+    host = {"name": "a", "learner": True, "replay_shards": 1, "collectors": 1, field: value}
+    reason = _problems(_job(hosts=[host]))[f"hosts[0].{field}"]
+    assert "must not start with '-'" in reason or "must not contain" in reason
+
+
+@pytest.mark.parametrize("value", ["gpu-box", "rl@10.0.0.5", "10.0.0.5", "::1", "fe80::1%eth0", "[2001:db8::1]",
+                                  "2001:db8::1", "node-1.cluster.example", "ssh://rl@host:2222", "alias_name"])
+def test_host_addresses_keep_ordinary_forms(value):
+    host = {"name": "a", "learner": True, "replay_shards": 1, "collectors": 1, "address": value,
+            "advertise_address": value}
+    spec = validate_job(_job(hosts=[host]))
+    assert spec.hosts[0].destination == value and spec.hosts[0].advertise_address == value
 
 
 # ---------------------------------------------------------------------------------------------- round trips
