@@ -182,9 +182,11 @@ class WeightSubscriber:
     """
 
     def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module, board: str | None = None):
-        self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2)
-        self.model = model
         self.size = sum(p.numel() for p in model.parameters())
+        # No frame past one parameter vector of this model is received at all.
+        self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2,
+                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + 4 * self.size)
+        self.model = model
         self.flat = share_flat_storage(model)  # None: load parameter by parameter
         self.board_file = board
         self.board: WeightBoard | None = None

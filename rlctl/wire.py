@@ -283,7 +283,13 @@ def experience_buffer_bytes(obs_bytes: int) -> int:
     return min(max(BUFFERED_TRANSITIONS * 2 * int(obs_bytes), SOCKET_BUFFER_MIN), SOCKET_BUFFER_MAX)
 
 
+# Frames larger than this are refused by ZeroMQ before they are allocated, unless a socket says otherwise (sockets
+# that carry experience, samples, rollouts or weights set their limit from the job's layouts).
+CONTROL_MAXMSGSIZE = 1 << 20
+
+
 def _apply(sock: zmq.Socket, opts: dict[str, int]) -> None:
     sock.setsockopt(zmq.LINGER, opts.pop("linger", 0))
+    sock.setsockopt(zmq.MAXMSGSIZE, opts.pop("maxmsgsize", CONTROL_MAXMSGSIZE))
     for name, value in opts.items():
         sock.setsockopt(getattr(zmq, name.upper()), value)

@@ -352,7 +352,9 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
     assert host("h2")["lost_sessions"] == 0
 
     lab.take_down(lab.hosts[3])
-    wait_for(lambda: host("h4")["state"] == "lost", 60, what="h4 reported lost")
+    # Lost once its restart (after the backoff) fails too.
+    wait_for(lambda: host("h4")["state"] == "lost" and {p["name"]: p["state"] for p in read_state(run_dir)["processes"]}
+             ["collector-1"] == "lost", 60, what="h4 reported lost")
     state = read_state(run_dir)
     assert state["status"] == "running", state.get("exit_reason")
     row = host("h4")

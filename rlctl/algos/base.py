@@ -125,6 +125,11 @@ class ActorCore:
 
     kind = "experience"  # message kind of what take() returns
 
+    @staticmethod
+    def item_layout(job, info) -> dict:
+        """Replay algorithms: one stored item's fields -> (shape, dtype); shards accept exactly this (+ priority)."""
+        raise NotImplementedError
+
     def __init__(self, setup: ActorSetup):
         self.setup = setup
 

@@ -87,7 +87,8 @@ class LearnerShell:
         self.net = wire.SecureContext(rc.keys)
         self.control = ControlClient(self.net, rc)
         if job.algo.data == REPLAY:
-            self.source = ReplaySource(self.net, rc.endpoints["replay"], job.algorithm, self.rank, self.world, rc.name)
+            self.source = ReplaySource(self.net, rc.endpoints["replay"], job, self.info, self.rank, self.world,
+                                       rc.name)
         else:
             layout = job.algo.load("actor").layout
             self.source = RolloutSource(self.net, rc.binds[f"rollouts-{self.rank}"], job, self.info, layout,

@@ -12,6 +12,7 @@ blocking), `feedback(batch, result)` and `metrics()`.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -32,8 +33,11 @@ ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and si
 class SampleStream:
     """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
 
-    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str):
-        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000)
+    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str,
+                 item_bytes: int = 1 << 16):
+        # No frame larger than a batch of the biggest field (`item_bytes` per item) is received at all.
+        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000,
+                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + batch_size * item_bytes)
         self.batch_size, self.name, self.prefetch = batch_size, name, prefetch
         self.dropped = 0
         self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
@@ -82,9 +86,13 @@ def shards_for_rank(rank: int, world: int, shards: int) -> list[int]:
 class ReplaySource:
     """The replay data path: sampled batches in, priorities out."""
 
-    def __init__(self, net: wire.SecureContext, endpoints: list[dict], algo, rank: int, world: int, name: str):
+    def __init__(self, net: wire.SecureContext, endpoints: list[dict], job, info: SpaceInfo, rank: int, world: int,
+                 name: str):
+        algo = job.algorithm
+        layout = job.algo.load("actor").item_layout(job, info)
+        item_bytes = max(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in layout.values())
         self.stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
-                                   algo.batch_size, algo.prefetch, name)
+                                   algo.batch_size, algo.prefetch, name, max(item_bytes, 8))
         self.sock = self.stream.sock
 
     def take(self, version: int) -> dict[str, np.ndarray] | None:
@@ -104,10 +112,13 @@ class ReplaySource:
 class RolloutInbox:
     """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict):
+    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int):
         # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
-        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does.
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER)
+        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does. No frame
+        # larger than a rollout's biggest field is received at all.
+        frame = max(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER,
+                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
         self.layout = layout
         self.dropped = 0
 
@@ -152,7 +163,7 @@ class RolloutSource:
     def __init__(self, net: wire.SecureContext, endpoint: str, job, info: SpaceInfo, layout, rank: int, world: int,
                  device: torch.device):
         algo = job.algorithm
-        self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info))
+        self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info), job.env.envs_per_collector)
         self.sock = self.inbox.sock
         self.device = device
         self.synchronous = job.algo.synchronous

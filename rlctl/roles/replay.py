@@ -7,6 +7,7 @@ batches and sends priority updates on a ROUTER socket. Started as
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -17,18 +18,22 @@ import zmq
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
-from rlctl.envs import probe_space_info
+from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 MAX_SAMPLE = 1 << 16
+MAX_ITEMS = 1 << 20  # items one experience message may carry (a collector sends a few thousand)
 
 
 class ReplayShard:
     """The shard's state: buffer (allocated from the first batch's layout), pending requests, counters."""
 
-    def __init__(self, rc: RoleContext):
+    def __init__(self, rc: RoleContext, info: SpaceInfo):
         self.rc = rc
         self.replay_spec = rc.job.replay
+        # What one item is (an n-step transition, a sequence), from the env spaces: the only layout accepted.
+        self.expected = {k: (tuple(shape), np.dtype(dt))
+                         for k, (shape, dt) in rc.job.algo.load("actor").item_layout(rc.job, info).items()}
         self.buffer: PrioritizedReplay | None = None
         self.fields: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self.pending: deque[tuple[list, int]] = deque()
@@ -46,6 +51,10 @@ class ReplayShard:
             buffer = load_snapshot(self.snapshot_path, self.replay_spec.capacity)
         except (SnapshotError, OSError) as exc:
             print(f"{self.rc.name}: cannot use {self.snapshot_path} ({exc}); starting empty", flush=True)
+            return
+        if buffer.layout() != self.expected:
+            print(f"{self.rc.name}: {self.snapshot_path} holds another layout than this job's; starting empty",
+                  flush=True)
             return
         self.buffer, self.fields, self.snapshot_at = buffer, buffer.layout(), buffer.inserted
         # The rate limit goes on from its balance point: samples owed for the inserts so far count as made.
@@ -73,25 +82,23 @@ class ReplayShard:
         return self.buffer.inserted <= self.replay_spec.min_size + self.sampled / spi
 
     def on_experience(self, msg: wire.Message) -> None:
-        """Insert one collector batch (dropped and counted if its layout is wrong)."""
+        """Insert one collector batch; dropped and counted unless it is exactly the job's item layout (from the env
+        spaces, never from what arrives) with one finite-or-not 1-D float priority per item."""
         arrays = dict(msg.arrays)
         prio = arrays.pop("priority", None)
-        if not arrays or prio is None:
+        if prio is None or prio.ndim != 1 or prio.dtype.kind != "f" or not 0 < len(prio) <= MAX_ITEMS:
             self.dropped += 1
             return
         n = len(prio)
-        if any(a.ndim == 0 or len(a) != n for a in arrays.values()) or prio.ndim != 1:
+        if ({k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()} != self.expected
+                or any(a.ndim == 0 or len(a) != n for a in arrays.values())):
             self.dropped += 1
             return
-        layout = {k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()}
         if self.buffer is None:
             r = self.replay_spec
-            self.fields = layout
-            self.buffer = PrioritizedReplay(r.capacity, layout, alpha=r.alpha, beta=r.beta, beta_steps=r.beta_steps,
-                                            seed=self.rc.seed)
-        elif layout != self.fields:
-            self.dropped += 1
-            return
+            self.fields = self.expected
+            self.buffer = PrioritizedReplay(r.capacity, self.expected, alpha=r.alpha, beta=r.beta,
+                                            beta_steps=r.beta_steps, seed=self.rc.seed)
         prio = np.abs(np.nan_to_num(prio.astype(np.float64), nan=0.0, posinf=0.0))
         self.buffer.add(arrays, prio)
 
@@ -129,11 +136,15 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """The shard loop: insert, serve, update priorities, report."""
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
-    # Small queues (rcvhwm 1 never woke the reader again) and buffers: see wire.BUFFERED_TRANSITIONS.
-    rcvbuf = wire.experience_buffer_bytes(probe_space_info(rc.job.env).obs_bytes)
-    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=2, rcvbuf=rcvbuf)
-    smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000)
-    shard = ReplayShard(rc)
+    info = probe_space_info(rc.job.env)
+    shard = ReplayShard(rc, info)
+    # Small queues (rcvhwm 1 never woke the reader again) and buffers: see wire.BUFFERED_TRANSITIONS. No frame
+    # larger than the biggest field of the most items a message may carry is even received.
+    frame = MAX_ITEMS * max(math.prod(shape) * dt.itemsize for shape, dt in shard.expected.values())
+    exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=2,
+                          rcvbuf=wire.experience_buffer_bytes(info.obs_bytes), maxmsgsize=frame)
+    smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000,
+                          maxmsgsize=wire.CONTROL_MAXMSGSIZE + 16 * MAX_SAMPLE)
     shard.restore()
     interval = rc.job.replay.snapshot_interval_s
     next_snapshot = time.monotonic() + interval

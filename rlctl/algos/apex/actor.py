@@ -39,6 +39,13 @@ class ApexActor(ActorCore):
         self.model = setup.model
         self.q: torch.Tensor | None = None
 
+    @staticmethod
+    def item_layout(job, info) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """One n-step transition: field -> (shape, dtype), what replay shards accept (besides its priority)."""
+        obs = (tuple(info.obs_shape), np.dtype(info.obs_dtype))
+        return {"obs": obs, "action": ((), np.dtype(np.int64)), "reward": ((), np.dtype(np.float32)),
+                "next_obs": obs, "discount": ((), np.dtype(np.float32))}
+
     def describe(self) -> str:
         """One line for the log."""
         return f"eps {self.eps.min():.4f}..{self.eps.max():.4f}"

@@ -23,25 +23,36 @@ def build_model(job, info) -> RecurrentQNetwork:
                              algo.memory, algo.dueling)
 
 
+def sequence_cutter(job, info, n_envs: int) -> SequenceCutter:
+    """The job's sequence cutter for `n_envs` env slots."""
+    algo = job.algorithm
+    return SequenceCutter(n_envs, algo.sequence_length, algo.sequence_period, info.obs_shape, info.obs_dtype,
+                          algo.lstm_size, n_actions=info.n_actions, burn_in=algo.burn_in, gamma=algo.gamma,
+                          n=algo.n_step, eps=algo.rescale_eps, eta=algo.priority_eta, min_ready=algo.send_batch)
+
+
 class R2D2Actor(ActorCore):
     """Acts epsilon-greedily on Q from the recurrent net, carrying each env slot's state from step to step and
     starting it anew with each episode; a block is `send_batch` sequences."""
 
     def __init__(self, setup: ActorSetup):
         super().__init__(setup)
-        algo, n_envs, info = setup.job.algorithm, setup.num_envs, setup.info
+        n_envs, info = setup.num_envs, setup.info
         self.eps = collector_epsilons(setup.job, setup.rank, n_envs)
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
         self.model: RecurrentQNetwork = setup.model
-        self.cutter = SequenceCutter(n_envs, algo.sequence_length, algo.sequence_period, info.obs_shape,
-                                     info.obs_dtype, algo.lstm_size, n_actions=info.n_actions, burn_in=algo.burn_in,
-                                     gamma=algo.gamma, n=algo.n_step, eps=algo.rescale_eps, eta=algo.priority_eta,
-                                     min_ready=algo.send_batch)
+        self.cutter = sequence_cutter(setup.job, info, n_envs)
         self.state = self.model.initial_state(n_envs)
         self.before = self.state  # the state each env acted from at the current step (stored with sequences)
         self.q: torch.Tensor | None = None
         self.prev_done = np.zeros(n_envs, dtype=bool)
         self.reset_next = np.zeros(n_envs, dtype=bool)
+
+    @staticmethod
+    def item_layout(job, info) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """One stored sequence: field -> (shape, dtype), what replay shards accept (besides its priority)."""
+        empty = sequence_cutter(job, info, 1).take()
+        return {k: (tuple(a.shape[1:]), a.dtype) for k, a in empty.items() if k != "priority"}
 
     def describe(self) -> str:
         """One line for the log."""
