@@ -5,6 +5,9 @@ as subprocesses with the environment `rlctl.plan.make_plan` would give them, and
 play the missing peers themselves (control ROUTER, experience PULL sink, weights
 PUB, ...) with `rlctl.wire` and real CURVE keys.
 
+Processes start through `children` (bench/_children.py): a bench calls `children.install()` first in main(), and
+whatever it started is stopped (process groups and descendants) when it is killed (SIGTERM, SIGINT), fails or ends.
+
 Nothing here imports torch; numpy, zmq and rlctl.wire only.
 """
 
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -29,7 +31,10 @@ import zmq
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/x.py` from a checkout
     sys.path.insert(0, str(REPO))
+if str(REPO / "bench") not in sys.path:
+    sys.path.insert(0, str(REPO / "bench"))
 
+import _children as children  # noqa: E402
 from rlctl import wire  # noqa: E402
 from rlctl.plan import ROLE_MODULES  # noqa: E402
 
@@ -128,14 +133,16 @@ def role_env(role: str, rank: int, job_path: str | Path, endpoints: dict, keys: 
 # --------------------------------------------------------------------------- processes
 
 class Proc:
-    """One subprocess in its own process group, output to a log file; `stop()` is SIGTERM, then SIGKILL."""
+    """One subprocess in its own process group, output to a log file; `stop()` is SIGTERM, then SIGKILL.
 
-    def __init__(self, name: str, argv: list[str], env: dict, log_dir: str | Path):
+    Started through bench/_children.py, so it is also stopped when the bench is killed or fails."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log_dir: str | Path, grace: float = 5.0):
         self.name = name
         self.log_path = Path(log_dir) / f"{name}.log"
         self._log = open(self.log_path, "wb")
-        self.popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=str(REPO))
+        self.popen = children.spawn(argv, grace=grace, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                    stderr=subprocess.STDOUT, cwd=str(REPO))
 
     @property
     def pid(self) -> int:
@@ -156,20 +163,8 @@ class Proc:
             raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log_tail()}")
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the group, wait, then SIGKILL; returns the exit code."""
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.popen.wait(5)
+        """SIGTERM the group, wait (for the whole group), then SIGKILL; returns the exit code."""
+        children.stop([self.popen], grace=timeout)
         self._log.close()
         return self.popen.returncode
 
@@ -194,16 +189,11 @@ def start_role(role: str, rank: int, job_path: str | Path, endpoints: dict, keys
     return Proc(f"{role}-{rank}", [sys.executable, "-m", ROLE_MODULES[role]], env, log_dir)
 
 
-def stop_all(procs: list[Proc]) -> None:
+def stop_all(procs: list[Proc], timeout: float = 5.0) -> None:
     """Stop every process (signals all first, so they shut down in parallel)."""
+    children.stop([p.popen for p in procs], grace=timeout)
     for p in procs:
-        if p.popen.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    for p in procs:
-        p.stop()
+        p._log.close()
 
 
 class TempDir:

@@ -98,9 +98,16 @@ def make_runs(root: Path, n: int) -> list[str]:
 
 
 def _dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p = H.children.spawn([sys.executable, "-c", "pass"], new_session=False)
     p.wait()
+    H.children.stop([p])  # gone already: only forgets it
     return p.pid
+
+
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run, registered so the child ends with the bench (as plain a start as subprocess.run's: the
+    bench's process group as a shell's child would share its job's, no preexec_fn, so the timings are unchanged)."""
+    return H.children.run(cmd, new_session=False, pdeathsig=False, **kwargs)
 
 
 def _state(run_id, job, status, sup_pid, started, ended, plan, rng) -> dict:
@@ -138,20 +145,19 @@ def _state(run_id, job, status, sup_pid, started, ended, plan, rng) -> dict:
 
 def time_cmd(cmd: list[str], env: dict, reps: int) -> tuple[list[float], subprocess.CompletedProcess]:
     """Wall seconds of `reps` invocations after one untimed warm-up (whose result is returned for checks)."""
-    first = subprocess.run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=H.REPO)
+    first = _run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=H.REPO)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                       cwd=H.REPO)
+        _run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=H.REPO)
         times.append(time.perf_counter() - t0)
     return times, first
 
 
 def imports_on(args: list[str], env: dict) -> dict:
     """sys.modules after running the CLI with args in a child python."""
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args), json.dumps(list(HEAVY))], env=env,
-                       capture_output=True, text=True, cwd=H.REPO)
+    r = _run([sys.executable, "-c", CHILD, json.dumps(args), json.dumps(list(HEAVY))], env=env,
+             capture_output=True, text=True, cwd=H.REPO)
     if r.returncode != 0:
         raise RuntimeError(f"import check failed for {args}: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -159,8 +165,8 @@ def imports_on(args: list[str], env: dict) -> dict:
 
 def import_profile(args: list[str], env: dict, top: int = 8) -> list[tuple[float, str]]:
     """Largest cumulative times (ms) of top-level imports in `python -X importtime -m rlctl ARGS`."""
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlctl", *args], env=env, capture_output=True,
-                       text=True, cwd=H.REPO)
+    r = _run([sys.executable, "-X", "importtime", "-m", "rlctl", *args], env=env, capture_output=True, text=True,
+             cwd=H.REPO)
     rows = []
     for line in r.stderr.splitlines():
         if not line.startswith("import time:"):
@@ -180,6 +186,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=100, help="fake runs in the runs folder")
     ap.add_argument("--reps", type=int, default=None, help="timed invocations per command (>= 10)")
     args = ap.parse_args()
+    H.children.install()  # killed or failing: no rlctl invocation outlives the bench
     reps = max(10, args.reps or (10 if args.quick else 20))
     cmd, shown = rlctl_command()
     on_path = shutil.which("rlctl")

@@ -356,6 +356,7 @@ def main() -> None:
     if args.child_profile:
         child_profile()
         return
+    H.children.install()  # killed or failing: the collector (even one paused with SIGSTOP) ends with the bench
     headline_envs = H.load_toml()["env"].get("envs_per_collector", 8)
     widths = [int(x) for x in args.envs.split(",")] if args.envs else [headline_envs, 64]
     if headline_envs not in widths:

@@ -131,6 +131,7 @@ def main() -> None:
     if args.child_sender:
         child_sender()
         return
+    H.children.install()  # killed or failing: the shard and the senders end with the bench
     sizes = [int(x) for x in args.batches.split(",")]
     warmup, window = (1.5, 3.0) if args.quick else (3.0, 8.0)
     print(f"ingest bench: 1 replay shard (capacity {CAPACITY:,}, samples_per_insert 0), {N_SENDERS} sender processes, "

@@ -27,7 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
+import _children as children  # noqa: E402
 from hostlab import HostLab  # noqa: E402
 
 PROCESSES = 8  # a learner and 7 collectors
@@ -57,24 +59,30 @@ def job_text(lab: HostLab | None, hosts: int, workdir: Path) -> str:
 def launch_once(job: Path, runs: Path) -> tuple[float, float | None]:
     """Seconds from `rlctl run` to every process running, and the preflight's own seconds (None when local)."""
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    elapsed = None
-    deadline = started + 120
-    while time.perf_counter() < deadline and proc.poll() is None:
-        for state_file in runs.glob("*/state.json"):
-            try:
-                state = json.loads(state_file.read_text())
-            except (OSError, ValueError):
-                continue
-            procs = state.get("processes", [])
-            if len(procs) == PROCESSES and all(p["state"] == "running" for p in procs):
-                elapsed = time.perf_counter() - started
-        if elapsed is not None:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    # Its own session (Ctrl-C reaches this bench only) and registered: if the bench is killed or fails, the
+    # supervisor gets one SIGTERM and stops its processes (on the lab hosts too) before the lab goes.
+    proc = children.spawn([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                          grace=children.SUPERVISOR_GRACE_S, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    try:
+        elapsed = None
+        deadline = started + 120
+        while time.perf_counter() < deadline and proc.poll() is None:
+            for state_file in runs.glob("*/state.json"):
+                try:
+                    state = json.loads(state_file.read_text())
+                except (OSError, ValueError):
+                    continue
+                procs = state.get("processes", [])
+                if len(procs) == PROCESSES and all(p["state"] == "running" for p in procs):
+                    elapsed = time.perf_counter() - started
+            if elapsed is not None:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        children.stop([proc])  # nothing left to do once it has exited; else SIGTERM, grace, SIGKILL
     if elapsed is None:
         raise SystemExit(f"the job never had all {PROCESSES} processes running:\n{err[-3000:]}")
     checked = re.search(r"remote hosts checked in ([\d.]+)s", err)
@@ -86,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    children.install()  # killed or failing: the running `rlctl run` stops, then the lab's sshds go
     results: dict[str, list[float]] = {}
     preflight: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp, HostLab(Path(tmp), 8).start() as lab:

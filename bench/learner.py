@@ -62,10 +62,12 @@ def measure_learner(job_path: Path, spec, rollouts: list[dict], seconds: float, 
         env = H.role_env("learner", 0, job_path, endpoints, keys, "bench-learner", binds, checkpoint_dir=str(tmp))
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k)  # torchrun sets them
-        learner = H.Proc("learner-0", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                       "--nproc-per-node", "1", "-m", "rlctl.roles.learner"], env, tmp)
-        net = wire.SecureContext(keys)
+        learner = net = None
         try:
+            # torchrun and its worker share a process group: stopping the learner stops both
+            learner = H.Proc("learner-0", [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                           "--nproc-per-node", "1", "-m", "rlctl.roles.learner"], env, tmp, grace=30)
+            net = wire.SecureContext(keys)
             sub = net.client(zmq.SUB, endpoints["weights"], subscribe=b"", rcvhwm=4)
             push = net.client(zmq.PUSH, endpoints["rollouts"][0], sndhwm=100)
             router.wait_hello(["learner-0"], 120, [learner])
@@ -89,8 +91,10 @@ def measure_learner(job_path: Path, spec, rollouts: list[dict], seconds: float, 
                 if t_end is not None and now >= t_end:
                     break
         finally:
-            net.close()
-            learner.stop(timeout=30)
+            if net is not None:
+                net.close()
+            if learner is not None:
+                learner.stop(timeout=30)
             router.close()
     rounds = marks[-1][1] - start[1]
     elapsed = marks[-1][0] - start[0]
@@ -158,6 +162,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--repeats", type=int, default=3, help="alternating learner/bare measurements; medians reported")
     args = ap.parse_args()
+    H.children.install()  # killed or failing: torchrun and the learner end with the bench
     from rlctl.spec import load_job
 
     job_path = Path(args.job).resolve()

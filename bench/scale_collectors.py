@@ -25,6 +25,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _children as children  # noqa: E402
 from solve_cartpole import run_rlctl  # noqa: E402
 
 TOTAL_ENVS = 16
@@ -48,6 +49,7 @@ def main() -> None:
     ap.add_argument("--algos", default="apex,appo,impala")
     ap.add_argument("--collectors", default="2,4,8,24")
     args = ap.parse_args()
+    children.install()  # killed or failing: no rlctl run (nor its processes) outlives the bench
     counts = [int(x) for x in args.collectors.split(",")]
     out: dict = {"bench": "scale_collectors"}
     all_solved, q_ok, bounds = True, True, []

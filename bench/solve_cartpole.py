@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _children as children  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 # rl-zoo3 hyperparams/ppo.yml and dqn.yml, CartPole-v1 entries.
@@ -81,8 +84,8 @@ def run_sb3(algo: str, seed: int, cap: float) -> dict:
     """One stable-baselines3 run in a fresh process, timed from its start."""
     t0 = time.time()
     try:
-        out = subprocess.run([sys.executable, "-c", SB3_CHILD, algo, str(seed), str(t0)], capture_output=True,
-                             text=True, timeout=cap)
+        out = children.run([sys.executable, "-c", SB3_CHILD, algo, str(seed), str(t0)], capture_output=True,
+                           text=True, timeout=cap)
     except subprocess.TimeoutExpired:
         return {"solved": False, "wall_s": None, "env_steps": None}
     if out.returncode != 0:
@@ -110,8 +113,11 @@ def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ..
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text)
         t0 = time.time()
-        out = subprocess.run([sys.executable, "-m", "rlctl", "run", str(path), "--runs-dir", f"{tmp}/runs"],
-                             capture_output=True, text=True, timeout=cap + 120, env={**os.environ, "TERM": "dumb"})
+        # The supervisor is stopped (SIGTERM: it stops its processes, then itself) on a timeout or when this bench is
+        # killed, before the temporary directory goes; its own session keeps a terminal's Ctrl-C for this bench.
+        out = children.run([sys.executable, "-m", "rlctl", "run", str(path), "--runs-dir", f"{tmp}/runs"],
+                           capture_output=True, text=True, timeout=cap + 120, env={**os.environ, "TERM": "dumb"},
+                           grace=children.SUPERVISOR_GRACE_S)
         wall = time.time() - t0
         run_dir = next(Path(tmp, "runs").iterdir())
         state = json.loads((run_dir / "state.json").read_text())
@@ -172,6 +178,7 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=300.0, help="seconds before a run counts as unsolved")
     ap.add_argument("--only", default="ppo,appo,impala,apex,r2d2,r2d2_plain,sb3_ppo,sb3_dqn")
     args = ap.parse_args()
+    children.install()  # killed or failing: no rlctl run (nor its processes) or sb3 run outlives the bench
     which = args.only.split(",")
     seeds = [int(x) for x in args.seed_list.split(",")] if args.seed_list else list(range(1, args.seeds + 1))
     results = []

@@ -257,6 +257,7 @@ def main() -> None:
     if args.child_echo:
         child_echo()
         return
+    H.children.install()  # killed (timeout's SIGTERM, Ctrl-C) or failing: no collector or echo process outlives it
     small_hidden = list(H.load_toml()["model"].get("hidden", [64, 64]))
     cases = [("small", small_hidden, args.publishes or (40 if args.quick else 200), (0.01, 0.03), 2.0),
              ("10m", HIDDEN_10M, args.publishes or (8 if args.quick else 30), (0.05, 0.15), 20.0)]

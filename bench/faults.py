@@ -1,0 +1,156 @@
+"""How fast a run recovers: the Ape-X CartPole job with a collector killed, a learner rank killed, and a resume.
+
+    python bench/faults.py [--rounds 3]
+
+One run of jobs/apex.toml (stop target replaced by a long env-step budget, checkpoints every second), and in it,
+`--rounds` times each, with the run learning in between:
+- collector: SIGKILL of collector-0's process -> its restarted incarnation's first batch sent to the replay shard
+  (its log line "first batch sent"; the supervisor's restart backoff, `topology.restart_backoff_s` = 0.5 s, included);
+- learner: SIGKILL of the learner's rank-0 worker -> the first update of the ranks torchrun restarted from the newest
+  checkpoint (log line "first update");
+- resume: `rlctl stop`, then `rlctl run --resume` invoked -> the resumed learner's first update (new processes,
+  torch imports, checkpoint and replay snapshot loads included).
+Times come from the log lines' timestamps (the supervisor stamps each line as it arrives). Medians are reported.
+
+Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _children
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from rlctl.rundir import parse_log_line  # noqa: E402
+
+
+def job_text() -> str:
+    """The shipped Ape-X job, running until stopped here, with checkpoints every second."""
+    text = (REPO / "jobs" / "apex.toml").read_text()
+    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?\n\n", "[job.stop]\nenv_steps = 100000000\nwall_s = 1200\n\n", text)
+    text = text.replace("[topology]\n", "[topology]\nlearner_max_restarts = 100\nmax_restarts = 100\n")
+    return text + "\n[logging]\ncheckpoint_interval_s = 1.0\n"
+
+
+def state(run_dir: Path) -> dict:
+    """state.json (empty while being replaced)."""
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait(predicate, timeout: float, what: str):
+    """Poll until predicate() is truthy and return it; fail after timeout."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise SystemExit(f"faults: timed out waiting for {what}")
+
+
+def first_line_after(run_dir: Path, name: str, text: str, after: float) -> float | None:
+    """Timestamp of the first line of logs/<name>.log containing `text` stamped after `after`."""
+    path = run_dir / "logs" / f"{name}.log"
+    if not path.exists():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        ts, body = parse_log_line(line)
+        if ts is not None and ts > after and text in body:
+            return ts
+    return None
+
+
+def row(run_dir: Path, name: str) -> dict:
+    """One process's row of state.json."""
+    return next((p for p in state(run_dir).get("processes", []) if p.get("name") == name), {})
+
+
+def learning(run_dir: Path, more_than: int) -> bool:
+    """The learner has passed `more_than` updates."""
+    return state(run_dir).get("metrics", {}).get("learner/updates", 0) > more_than
+
+
+def rank_workers(agent: int) -> list[int]:
+    """The torchrun agent's children: its rank processes."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(") ", 1)[1].split()[1]) == agent:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def start(args: list[str], log: Path):
+    """`rlctl ARGS`, attached (its live output to `log`), stopped with this bench."""
+    return _children.spawn([sys.executable, "-m", "rlctl", *args], grace=_children.SUPERVISOR_GRACE_S,
+                           stdout=open(log, "ab"), stderr=open(log, "ab"), env={**os.environ, "TERM": "dumb"})
+
+
+def main() -> None:
+    _children.install()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    out: dict[str, list[float]] = {"collector": [], "learner": [], "resume": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        job, runs, log = Path(tmp) / "apex.toml", Path(tmp) / "runs", Path(tmp) / "rlctl.out"
+        job.write_text(job_text())
+        sup = start(["run", str(job), "--runs-dir", str(runs)], log)
+        run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        for r in range(args.rounds):
+            wait(lambda: learning(run_dir, 1000) and row(run_dir, "collector-0").get("state") == "running", 120,
+                 "a learning run")
+            pgid, t0 = row(run_dir, "collector-0")["pid"], time.time()
+            os.killpg(pgid, signal.SIGKILL)
+            t1 = wait(lambda: first_line_after(run_dir, "collector-0", "first batch sent", t0), 60, "the collector")
+            out["collector"].append(t1 - t0)
+            print(f"collector-0 killed: first batch sent after {t1 - t0:.2f} s", flush=True)
+
+            wait(lambda: (run_dir / "checkpoints" / "latest.pt").exists(), 60, "a checkpoint")
+            workers = rank_workers(row(run_dir, "learner-0")["pid"])
+            t0 = time.time()
+            os.kill(workers[0], signal.SIGKILL)
+            t1 = wait(lambda: first_line_after(run_dir, "learner-0", "first update", t0), 120, "the learner")
+            out["learner"].append(t1 - t0)
+            print(f"learner rank killed: first update after {t1 - t0:.2f} s", flush=True)
+
+            wait(lambda: learning(run_dir, 0) and row(run_dir, "learner-0").get("state") == "running", 60, "learning")
+            sup.send_signal(signal.SIGTERM)  # what Ctrl-C does: a clean stop
+            sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 10)
+            t0 = time.time()
+            sup = start(["run", "--resume", run_dir.name, "--runs-dir", str(runs)], log)
+            t1 = wait(lambda: first_line_after(run_dir, "learner-0", "first update", t0), 120, "the resumed learner")
+            out["resume"].append(t1 - t0)
+            print(f"run --resume: first update after {t1 - t0:.2f} s (round {r + 1})", flush=True)
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 10)
+    result = {"bench": "faults", "rounds": args.rounds,
+              "collector_recover_s": round(statistics.median(out["collector"]), 3),
+              "learner_recover_s": round(statistics.median(out["learner"]), 3),
+              "resume_first_update_s": round(statistics.median(out["resume"]), 3),
+              "all_s": {k: [round(x, 3) for x in v] for k, v in out.items()}}
+    print(f"median seconds: collector kill -> first batch {result['collector_recover_s']}, learner kill -> first "
+          f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
