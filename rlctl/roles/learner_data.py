@@ -22,10 +22,9 @@ import zmq
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos.base import UpdateResult
+from rlctl.control import SENDER
 from rlctl.envs import SpaceInfo
 
-# Every sampled batch carries these (the rest is the algorithm's item layout, which its core reads).
-SAMPLE_FIELDS = ("keys", "weights")
 RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which sample requests are sent again
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
 
@@ -34,10 +33,15 @@ class SampleStream:
     """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
 
     def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str,
-                 item_bytes: int = 1 << 16):
-        # No frame larger than a batch of the biggest field (`item_bytes` per item) is received at all.
+                 layout: dict, n_actions: int = 0):
+        # No frame larger than a batch of the biggest field is received at all.
+        item_bytes = max(8, *(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in layout.values()))
         self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000,
                                maxmsgsize=wire.CONTROL_MAXMSGSIZE + batch_size * item_bytes)
+        # What every batch must be: the item layout, `keys` and `weights`, batch_size rows each.
+        self.expected = {**{k: ((batch_size, *shape), np.dtype(dt)) for k, (shape, dt) in layout.items()},
+                         "keys": ((batch_size,), np.dtype(np.int64)), "weights": ((batch_size,), np.dtype(np.float32))}
+        self.n_actions = n_actions
         self.batch_size, self.name, self.prefetch = batch_size, name, prefetch
         self.dropped = 0
         self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
@@ -58,7 +62,7 @@ class SampleStream:
             except wire.WireError:
                 self.dropped += 1
                 continue
-            if msg.kind != "batch" or any(f not in msg.arrays for f in SAMPLE_FIELDS):
+            if not self._valid(msg):
                 self.dropped += 1
                 continue
             self.request()
@@ -71,6 +75,14 @@ class SampleStream:
                 self.request()
             self.last_reply, self.resend_after = time.monotonic(), min(2 * self.resend_after, RESEND_MAX_S)
         return None
+
+    def _valid(self, msg: wire.Message) -> bool:
+        """A batch of exactly the expected fields, shapes and dtypes, its actions in range."""
+        if msg.kind != "batch" or msg.arrays.keys() != self.expected.keys():
+            return False
+        if any(a.shape != self.expected[k][0] or a.dtype != self.expected[k][1] for k, a in msg.arrays.items()):
+            return False
+        return "action" not in msg.arrays or actions_in_range(msg.arrays["action"], self.n_actions)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """Send new priorities back (fire and forget; the shard ignores stale keys)."""
@@ -89,10 +101,9 @@ class ReplaySource:
     def __init__(self, net: wire.SecureContext, endpoints: list[dict], job, info: SpaceInfo, rank: int, world: int,
                  name: str):
         algo = job.algorithm
-        layout = job.algo.load("actor").item_layout(job, info)
-        item_bytes = max(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in layout.values())
         self.stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
-                                   algo.batch_size, algo.prefetch, name, max(item_bytes, 8))
+                                   algo.batch_size, algo.prefetch, name, job.algo.load("actor").item_layout(job, info),
+                                   info.n_actions)
         self.sock = self.stream.sock
 
     def take(self, version: int) -> dict[str, np.ndarray] | None:
@@ -112,25 +123,25 @@ class ReplaySource:
 class RolloutInbox:
     """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int):
+    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int, n_actions: int):
         # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
         # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does. No frame
         # larger than a rollout's biggest field is received at all.
         frame = max(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
         self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER,
                                maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
-        self.layout = layout
+        self.layout, self.n_actions = layout, n_actions
         self.dropped = 0
 
     def _valid(self, msg: wire.Message) -> bool:
-        if msg.kind != "rollout" or msg.arrays.keys() != self.layout.keys():
+        if msg.kind != "rollout" or msg.arrays.keys() != self.layout.keys() or collector_index(msg.sender) < 0:
             return False
         n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
         for name, (rows, trailing, dtype) in self.layout.items():
             a = msg.arrays[name]
             if a.dtype != dtype or a.shape != (rows, n_envs, *trailing) or n_envs < 1:
                 return False
-        return True
+        return actions_in_range(msg.arrays["action"], self.n_actions)
 
     def receive(self, limit: int) -> list[wire.Message]:
         """Up to `limit` rollouts that are waiting (the rest stay queued, as backpressure)."""
@@ -145,10 +156,19 @@ class RolloutInbox:
         return out
 
 
+def actions_in_range(actions: np.ndarray, n_actions: int) -> bool:
+    """Discrete actions (n_actions > 0) within [0, n_actions); continuous ones finite."""
+    if actions.size == 0:
+        return True
+    if n_actions:
+        return bool(actions.min() >= 0 and actions.max() < n_actions)
+    return bool(np.isfinite(actions).all())
+
+
 def collector_index(sender: str) -> int:
     """`collector-3` -> 3 (-1 for anything else)."""
-    role, _, rank = sender.rpartition("-")
-    return int(rank) if role == "collector" and rank.isdigit() else -1
+    match = SENDER.fullmatch(sender)
+    return int(match.group(2)) if match and match.group(1) == "collector" else -1  # ASCII digits: never "²"
 
 
 def stack_rollouts(msgs: list[wire.Message], device: torch.device) -> dict[str, torch.Tensor]:
@@ -163,7 +183,8 @@ class RolloutSource:
     def __init__(self, net: wire.SecureContext, endpoint: str, job, info: SpaceInfo, layout, rank: int, world: int,
                  device: torch.device):
         algo = job.algorithm
-        self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info), job.env.envs_per_collector)
+        self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info), job.env.envs_per_collector,
+                                  info.n_actions)
         self.sock = self.inbox.sock
         self.device = device
         self.synchronous = job.algo.synchronous
