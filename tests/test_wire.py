@@ -91,10 +91,16 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
     try:
         push = net.client(zmq.PUSH, exp_ep)
         good = {"obs": np.zeros((5, 4), np.float32), "action": np.zeros(5, np.int64),
-                "reward": np.ones(5, np.float32), "priority": np.ones(5, np.float32)}
+                "reward": np.ones(5, np.float32), "next_obs": np.zeros((5, 4), np.float32),
+                "discount": np.ones(5, np.float32), "priority": np.ones(5, np.float32)}
+        # The first batch may not set the layout: one that differs from the job's env spaces is dropped too.
+        wire.send(push, "experience", "x", 0, None, {**good, "obs": np.zeros((5, 3), np.float32)})
         push.send_multipart([b"not msgpack at all"])
         push.send_multipart([msgpack.packb({"k": "experience", "s": "x", "v": 0, "m": {}, "a": [["obs", "float32", [5, 4]]]}), b"1"])
         wire.send(push, "experience", "x", 0, None, {"obs": np.zeros((5, 4), np.float32)})  # no priority
+        wire.send(push, "experience", "x", 0, None, {**good, "priority": np.float32(1.0)})  # 0-d priority
+        wire.send(push, "experience", "x", 0, None, {**good, "": np.zeros(5, np.float32)})  # empty field name
+        wire.send(push, "experience", "x", 0, None, {**good, "action": np.zeros(5, np.int32)})  # wrong dtype
         wire.send(push, "experience", "x", 0, None, good)
         wire.send(push, "experience", "x", 0, None, {**good, "reward": np.ones(4, np.float32)})  # ragged
         wire.send(push, "experience", "x", 0, None, {**good, "obs": np.zeros((5, 3), np.float32)})  # layout changed
@@ -105,9 +111,9 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
             if control.poll(200):
                 _, msg = wire.recv(control, routed=True)
                 metrics = msg.meta.get("metrics") or metrics
-                if metrics.get("net/dropped", 0) >= 5 and metrics.get("net/refused", 0) >= 1:
+                if metrics.get("net/dropped", 0) >= 9 and metrics.get("net/refused", 0) >= 1:
                     break
-        assert metrics.get("net/dropped") == 5, metrics
+        assert metrics.get("net/dropped") == 9, metrics
         assert metrics.get("net/refused", 0) >= 1, metrics
         assert metrics.get("replay/size") == 5, metrics
         assert proc.poll() is None, "the shard must keep running"
@@ -205,12 +211,14 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
             push.send_multipart([b"not msgpack at all"])
             intruder = stranger.client(zmq.PUSH, rollout_ep)  # kept: a dropped socket closes before its handshake
             wire.send(intruder, "rollout", "collector-1", 0, None, good)  # wrong keys
+            wire.send(push, "rollout", "collector-²", 0, None, good)  # not an ASCII rank: int() once crashed on it
+            wire.send(push, "rollout", "collector-1", 0, None, {**good, "action": np.full_like(good["action"], 7)})
             # One PPO round needs version 0 from both of this rank's collectors.
             wire.send(push, "rollout", "collector-0", 0, None, good)
             wire.send(push, "rollout", "collector-1", 0, None, good)
             until(lambda m: m.get("learner/updates") == 1, "no update after a full round")
             wire.send(push, "rollout", "collector-0", 0, None, good)  # version 0 again: now stale
-            until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 3
+            until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 5
                   and m.get("net/refused", 0) >= 1, "stale/malformed/refused not counted")
             assert learner.proc.poll() is None, "the learner must keep running"
             newest = None
@@ -264,3 +272,65 @@ def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscrib
             wire.send(control, "stop", "supervisor", 0, {}, prefix=ident)
         learner.proc.wait(timeout=60)
     assert learner.proc.returncode == 0
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+SENDER_CHILD = r'''
+import sys, time, zmq
+from rlctl import wire
+keys = wire.CurveKeys.from_env()
+net = wire.SecureContext(keys)
+push = net.client(zmq.PUSH, sys.argv[1], linger=5000)
+push.send(b"\0" * (256 << 20))  # one 256 MB frame
+time.sleep(3)
+'''
+
+
+def test_an_oversized_frame_is_refused_before_it_is_allocated(tmp_path):
+    """A PULL socket with the job's limit (ZMQ_MAXMSGSIZE) drops the connection of a peer sending a 256 MB frame:
+    the receiver's memory does not grow by the frame's size."""
+    keys = wire.CurveKeys.generate()
+    net = wire.SecureContext(keys)
+    ep = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    pull = net.server(zmq.PULL, ep, maxmsgsize=1 << 20)
+    before = _rss_bytes()
+    child = subprocess.Popen([sys.executable, "-c", SENDER_CHILD, ep], env={**os.environ, wire.KEYS_ENV: keys.to_env()})
+    try:
+        got = pull.poll(4000)
+        grew = _rss_bytes() - before
+    finally:
+        child.kill()
+        child.wait()
+        net.close()
+    assert not got
+    assert grew < 64 << 20, grew
+
+
+def _inbox(n_actions: int = 2):
+    """A rollout inbox's validator without its socket."""
+    from rlctl.algos.onpolicy.actor import rollout_layout
+    from rlctl.envs import SpaceInfo
+    from rlctl.roles.learner_data import RolloutInbox
+
+    inbox = RolloutInbox.__new__(RolloutInbox)
+    inbox.layout, inbox.n_actions = rollout_layout(4, SpaceInfo((3,), "float32", n_actions)), n_actions
+    return inbox
+
+
+array_specs = st.tuples(st.sampled_from(sorted(wire.ALLOWED_DTYPES)),
+                        st.lists(st.integers(0, 6), min_size=0, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(sender=st.text(max_size=14) | st.sampled_from(["collector-0", "collector-²", "collector-1"]),
+       fields=st.dictionaries(st.sampled_from(["obs", "value", "action", "logp", "reward", "terminated", "done",
+                                               "valid", "", "x"]), array_specs, max_size=9),
+       fill=st.integers(-5, 5))
+def test_the_rollout_validator_raises_nothing_on_any_decoded_message(sender, fields, fill):
+    arrays = {name: np.full(shape, fill).astype(dtype) for name, (dtype, shape) in fields.items()}
+    msg = wire.decode([bytes(f) for f in wire.encode("rollout", sender, 0, None, arrays)])
+    assert _inbox()._valid(msg) in (True, False)
