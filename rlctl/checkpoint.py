@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -44,26 +45,147 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
-        raise CheckpointError(f"cannot read checkpoint: {exc}") from None
+        raise CheckpointError(f"cannot read checkpoint: {_load_error(path, exc)}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError("not an rlctl checkpoint")
     return data
 
 
-def evaluate_checkpoint(path: str | Path, episodes: int, seed: int) -> dict:
-    """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths."""
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (torch's and pydantic's span several), control characters escaped (the
+    message may quote the file's own text)."""
+    text = " ".join(str(exc).split())
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text) or type(exc).__name__
+
+
+def _load_error(path: str | Path, exc: BaseException) -> str:
+    """torch.load's reason, on one line. Its weights-only refusal is paragraphs of advice to load with
+    weights_only=False (which would run the file's pickled code): keep only what it found."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        found = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Please use|Check the documentation|$)", text, re.S)
+        detail = _one_line(Exception(found.group(1))).rstrip(".") if found else ""
+        return "not a file of tensors and plain data" + (f" ({detail})" if detail else "")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        head = None
+    if head == b"":
+        return "the file is empty"
+    reason = _one_line(exc).split(". ")[0].rstrip(".")  # torch goes on about internal miniz errors
+    if head == b"PK":  # torch.save writes a zip archive
+        return f"the archive is damaged or truncated ({reason})"
+    return reason
+
+
+# Where a job's [env] makes gymnasium or rlctl import and call code by name. A checkpoint is data from wherever the
+# file came from, so `rlctl eval` of a bare checkpoint refuses these unless the user trusts it (UntrustedCheckpoint):
+#   - env.id "module:attr" (rlctl imports the module; gymnasium's own "module:Env-v0" form imports it too);
+#   - env.wrappers "module:Class", but for rlctl's own below (rlctl.envs is imported anyway; MaskVelocity only indexes
+#     observations);
+#   - gymnasium's compatibility envs, which make another library's env by the name in their kwargs (`env_id`,
+#     "module:Env" imports there as well);
+#   - env.kwargs.vector_kwargs, which gymnasium hands to the vector env itself, not to the env (AsyncVectorEnv takes a
+#     `worker` callable; a checkpoint holds no callables, but nothing of that kind is the checkpoint's to choose).
+# What stays allowed is a registered id (gymnasium's registry: code installed here, under names its packages chose)
+# with the checkpoint's env.kwargs. Those kwargs go to that env's own constructor as plain data (numbers, strings,
+# lists, tables: weights_only loading holds nothing callable), so they reach code only through what an installed
+# constructor does with them; the one known to import by a name it is given (the compatibility envs) is refused
+# above. vectorization = "vector_entry_point" uses the registry's own vector entry point.
+SAFE_WRAPPERS = frozenset({"rlctl.envs:MaskVelocity"})
+COMPAT_ENVS = frozenset({"GymV21Environment", "GymV26Environment"})
+
+
+class UntrustedCheckpoint(CheckpointError):
+    """A checkpoint whose stored job names code to import, evaluated without the user's say-so."""
+
+
+def code_named_by(env) -> list[str]:
+    """What making `env` (an EnvSpec) would import or call by a name the job itself gives, as "key value" strings;
+    empty when it only makes a registered env (see above)."""
+    named = []
+    if ":" in env.id:
+        named.append(f"env.id = {env.id!r}")
+    elif env.id.split("/")[-1].split("-v")[0] in COMPAT_ENVS:
+        named.append(f"env.id = {env.id!r} (makes the env its kwargs name)")
+    named += [f"env.wrappers[{i}] = {w.name!r}" for i, w in enumerate(env.wrappers) if w.name not in SAFE_WRAPPERS]
+    if "vector_kwargs" in env.kwargs:
+        named.append("env.kwargs.vector_kwargs")
+    return named
+
+
+def _record(data: dict, key: str) -> object:
+    if key not in data:
+        raise CheckpointError(f"checkpoint has no {key!r} record")
+    return data[key]
+
+
+def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, trust_checkpoint: bool = False) -> dict:
+    """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths.
+
+    `job` (a JobSpec: the run directory's job.toml, a --job file) is what the env and the network are made from; its
+    entry points are the user's own. Without it the job stored in the checkpoint is used, and whatever code that names
+    (code_named_by) is refused with UntrustedCheckpoint unless `trust_checkpoint`. Every way the file can be unusable
+    (unreadable, records missing or malformed, weights that do not fit, an env that cannot be made or whose spaces are
+    not the checkpoint's) is a CheckpointError with a one-line reason.
+    """
     from rlctl.algos import build_model
-    from rlctl.envs import SpaceInfo
+    from rlctl.envs import SpaceInfo, probe_space_info
     from rlctl.roles.evaluator import greedy_episodes
-    from rlctl.spec import validate_job
+    from rlctl.spec import JobFileError, validate_job
 
     data = load_checkpoint(path)
-    spec = validate_job(data["job"], f"{path}:job")
+    if job is None:
+        stored = _record(data, "job")
+        if not isinstance(stored, dict):
+            raise CheckpointError(f"its 'job' record is a {type(stored).__name__}, not a table")
+        try:
+            job = validate_job(stored, "job")
+        except JobFileError as exc:
+            problems = "; ".join(f"{key}: {reason}" if key else reason for key, reason in exc.problems)
+            raise CheckpointError(f"its job is not valid: {_one_line(Exception(problems))}") from None
+        named = [] if trust_checkpoint else code_named_by(job.env)
+        if named:
+            raise UntrustedCheckpoint(
+                f"its job names code to import ({', '.join(named)}), which rlctl eval does not run from a checkpoint "
+                "file: pass --job FILE (a job file of yours for the env) or, if you trust where the file came from, "
+                "--trust-checkpoint")
     if "space" not in data:
         raise CheckpointError("checkpoint has no 'space' record (written by an older rlctl)")
-    model = build_model(spec, SpaceInfo.from_dict(data["space"]))
-    model.load_state_dict(data["model"])
-    returns, lengths = greedy_episodes(model, spec.env, episodes, seed, spec.algo.recurrent)
-    return {"checkpoint": str(path), "updates": int(data.get("updates", 0)), "episodes": episodes,
+    try:
+        info = SpaceInfo.from_dict(data["space"])
+    except Exception as exc:  # a dict of the wrong shape: KeyError, TypeError, ValueError...
+        raise CheckpointError(f"its 'space' record is malformed ({type(exc).__name__}: {_one_line(exc)})") from None
+    state = _record(data, "model")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"its 'model' record is a {type(state).__name__}, not a state dict")
+    try:
+        updates = int(data.get("updates", 0))
+    except (TypeError, ValueError):
+        raise CheckpointError(f"its 'updates' record is not a count (a {type(data['updates']).__name__})") from None
+    try:
+        model = build_model(job, info)
+    except Exception as exc:  # the spaces of a malformed record: torch and numpy raise many types
+        raise CheckpointError(f"cannot build the {job.algorithm.name} network for its spaces "
+                              f"({type(exc).__name__}: {_one_line(exc)})") from None
+    try:
+        model.load_state_dict(state)
+    except Exception as exc:  # RuntimeError: missing/unexpected keys, wrong shapes, values that are not tensors
+        raise CheckpointError(f"its weights do not fit the job's network ({_one_line(exc)})") from None
+    try:
+        made = probe_space_info(job.env)
+    except Exception as exc:  # an unknown id, bad kwargs, the env's own errors: any type
+        raise CheckpointError(f"cannot make env {job.env.id!r} ({type(exc).__name__}: {_one_line(exc)})") from None
+    if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
+        raise CheckpointError(f"env {job.env.id!r} has {_spaces(made)}; the checkpoint's network was made for "
+                              f"{_spaces(info)}")
+    returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algo.recurrent)
+    return {"checkpoint": str(path), "updates": updates, "episodes": episodes,
             "return_mean": float(returns.mean()), "return_min": float(returns.min()),
             "return_max": float(returns.max()), "length_mean": float(lengths.mean())}
+
+
+def _spaces(info) -> str:
+    actions = f"{info.n_actions} actions" if info.discrete else f"actions shaped {list(info.action_shape)}"
+    return f"observations shaped {list(info.obs_shape)} and {actions}"

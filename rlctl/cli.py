@@ -7,6 +7,7 @@ Imports here stay light (typer + the standard library): `--help`, `status`,
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -144,6 +145,7 @@ def run(job_file: Optional[Path] = typer.Argument(
     from rlctl.rundir import RunDir, runs_root
     from rlctl.spec import dumps_toml, resolved_dict
 
+    os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
     if resume:
         rundir, spec, resumed = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
     else:
@@ -160,7 +162,8 @@ def run(job_file: Optional[Path] = typer.Argument(
     if resumed is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
-    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses)
+    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
+                  board_token=secrets.token_hex(8))
     rundir.plan_json.write_text(p.to_json())
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
@@ -414,11 +417,18 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
           which: str = typer.Option("best", "--checkpoint",
                                     help="For a run: `best` (best evaluation so far; `latest` when the run had no "
                                          "evaluator) or `latest`."),
+          job: Optional[Path] = typer.Option(None, "--job", help="Make the env and network from this job file "
+                                             "(default: a run's own job.toml; for a checkpoint file, the job stored "
+                                             "in it)."),
+          trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", help="Let a checkpoint file's stored "
+                                                "job import the code it names (`module:attr` env ids, wrappers); "
+                                                "refused by default: only for files from a source you trust."),
           as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Run greedy episodes with a run's checkpoint (or a checkpoint file) and print the mean return."""
     if which not in ("best", "latest"):
         raise _bad_input(f"--checkpoint must be best or latest, not {which!r}")
     path = Path(target)
+    spec = _load(job) if job is not None else None
     if not path.is_file():
         rd = _resolve(runs_dir, target)
         path = rd.checkpoints_dir / f"{which}.pt"
@@ -426,12 +436,16 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
             path = rd.checkpoints_dir / "latest.pt"  # no evaluator ran: the learner's checkpoint is all there is
         if not path.is_file():
             raise _bad_input(f"{rd.run_id} has no {which} checkpoint ({path})")
+        if spec is None and rd.job_toml.is_file():
+            # The run directory is the user's own: its job.toml, not what its checkpoint file says, makes the env.
+            spec = _load(rd.job_toml)
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
 
     try:
-        result = evaluate_checkpoint(path, episodes, seed)
+        result = evaluate_checkpoint(path, episodes, seed, job=spec, trust_checkpoint=trust_checkpoint)
     except CheckpointError as exc:
-        raise _bad_input(f"{path}: {exc}") from None
+        print(f"{path}: {exc}", file=sys.stderr)  # one line, however long: not wrapped like _bad_input's
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     if as_json:
         from rlctl.console import print_json
 
