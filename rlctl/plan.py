@@ -58,6 +58,7 @@ class LaunchPlan:
     endpoints: dict[str, object]
     hosts: list[dict]
     processes: list[ProcessSpec]
+    board_token: str = ""  # the random part of the weight board's name (remote.weight_board_file)
 
     def to_dict(self, mask_secrets: bool = True) -> dict:
         """Plain data (for plan.json and `rlctl plan --json`), secrets masked."""
@@ -138,7 +139,8 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
 
 
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
-              keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None) -> LaunchPlan:
+              keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None,
+              board_token: str = "") -> LaunchPlan:
     """Render the launch plan. Pure: the same inputs give the same plan.
 
     `addresses` (host name -> address) says where hosts without an `advertise_address` are reached, e.g. what
@@ -188,7 +190,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     }
     procs: list[ProcessSpec] = []
     # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.weights), when there are any.
-    board = weight_board_file(run_id, run_dir) if head.collectors or head.evaluator else None
+    board = weight_board_file(run_id, run_dir, board_token) if head.collectors or head.evaluator else None
 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
         name = f"{role}-{rank}"
@@ -237,7 +239,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
                   "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
                   "evaluator": h.evaluator} for h in hosts]
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, bind_host, base_port,
-                      endpoints, host_rows, procs)
+                      endpoints, host_rows, procs, board_token)
 
 
 def _bind(h: HostSpec, all_local: bool) -> str:

@@ -49,18 +49,28 @@ def remote_checkpoint_dir(run_id: str) -> str:
     return f"{remote_run_dir(run_id)}/checkpoints"
 
 
-def weight_board_file(run_id: str, run_dir: str) -> str:
+def weight_board_file(run_id: str, run_dir: str, token: str = "") -> str:
     """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.weights).
 
-    Named by the run's directory too: run ids are unique within one runs directory only.
+    Named by a random token `rlctl run` draws (no one can plant a file at a name they cannot guess); without one,
+    by the run's directory (run ids are unique within one runs directory only).
     """
-    return f"{WEIGHT_BOARD_DIR}/rlctl-{run_id}-{zlib.crc32(run_dir.encode()):08x}-weights"
+    return f"{WEIGHT_BOARD_DIR}/rlctl-{run_id}-{token or format(zlib.crc32(run_dir.encode()), '08x')}-weights"
 
 
 def remove_weight_boards(run_id: str) -> None:
     """Remove the run's weight board on this host, if a learner that was killed left it behind."""
     for path in Path(WEIGHT_BOARD_DIR).glob(f"rlctl-{glob.escape(run_id)}-*-weights"):
-        path.unlink(missing_ok=True)
+        remove_own_file(path)
+
+
+def remove_own_file(path: Path) -> None:
+    """Unlink `path` if it is this user's (another user's file of the same name is left alone, never an error)."""
+    try:
+        if path.lstat().st_uid == os.getuid():
+            path.unlink()
+    except OSError:
+        pass
 
 
 class SessionInput:
@@ -259,6 +269,7 @@ def main(args: list[str] | None = None) -> int:
     p_pull.add_argument("directory")
     ns = parser.parse_args(args)
     if ns.command == "run":
+        os.umask(0o077)  # the run's files on this host (.rlctl/runs/<run>): folders 0700, files 0600
         argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
         if not argv:
             parser.error("run needs a command")

@@ -159,14 +159,16 @@ class RunDir:
 
     @classmethod
     def create(cls, root: Path, job_name: str, now: float | None = None) -> "RunDir":
-        """Make a new run folder tree under root with a unique id (suffix -2, -3... on collision)."""
+        """Make a new run folder tree under root with a unique id (suffix -2, -3... on collision), private to its
+        owner: this process and all it starts create folders 0700 and files 0600 from here on (umask 077)."""
+        os.umask(0o077)
         root = Path(root)
         root.mkdir(parents=True, exist_ok=True)
         base = new_run_id(job_name, now)
         for n in range(1, 10_000):
             path = root / (base if n == 1 else f"{base}-{n}")
             try:
-                path.mkdir()  # exclusive: two runs starting in the same second cannot share it
+                path.mkdir(mode=0o700)  # exclusive: two runs starting in the same second cannot share it
             except FileExistsError:
                 continue
             rundir = cls(path)
@@ -301,8 +303,12 @@ def remove_weight_board(plan: dict) -> None:
     learner removes it on the way out, but not when it is killed."""
     for proc in plan.get("processes", []):
         board = proc.get("env", {}).get("RLCTL_WEIGHT_BOARD")
-        if proc.get("role") == "learner" and not proc.get("remote") and board:
-            Path(board).unlink(missing_ok=True)
+        if proc.get("role") == "learner" and not proc.get("remote") and isinstance(board, str) and board:
+            try:
+                if os.lstat(board).st_uid == os.getuid():  # never another user's file of that name
+                    os.unlink(board)
+            except OSError:
+                pass
 
 
 def parse_log_line(line: str) -> tuple[float | None, str]:

@@ -692,13 +692,14 @@ class Supervisor:
 
 def supervise_rundir(path: str, display=None) -> int:
     """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`."""
+    os.umask(0o077)  # everything the run writes, here and in the processes it starts: folders 0700, files 0600
     rundir = RunDir(Path(path))
     spec = load_job(rundir.job_toml)
     saved = rundir.read_plan() or {}
     # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
     addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}
     plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
-                     addresses=addresses)
+                     addresses=addresses, board_token=str(saved.get("board_token", "")))
     resumed = (rundir.read_state() or {}).get("resumed")  # `rlctl run --resume` left what to continue from
     return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
                       resumed if isinstance(resumed, dict) else None).run()

@@ -14,11 +14,28 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import socket
 import sys
 import threading
 
 import torch
 from torch.distributed.run import parse_args, run
+
+
+def bind_rendezvous_to_its_address() -> None:
+    """torchrun's static rendezvous store listens on every interface; make it listen on the rendezvous address only
+    (127.0.0.1 for a job on one machine), through a socket bound here and handed over (TCPStore master_listen_fd)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+
+    def store(host, port, world_size=None, is_master=False, *args, **kwargs):
+        if is_master and "master_listen_fd" not in kwargs:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.create_server((host, port), family=family, backlog=1024)
+            kwargs["master_listen_fd"] = listener.detach()  # the store owns the descriptor from here on
+        return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+
+    static_tcp_rendezvous.TCPStore = store
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_supervisor(lambda: threading.Timer(ORPHAN_GRACE_S - 1.0, os.kill, (os.getpid(), signal.SIGTERM)).start(),
                      grace_s=ORPHAN_GRACE_S + 0.5)
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    bind_rendezvous_to_its_address()
     if args.start_method == "fork" and torch.version.cuda is not None:
         # A CUDA build of torch: CUDA is unusable in a child forked after the agent touched it, so ranks start as
         # fresh processes.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -42,15 +43,32 @@ Stamp = tuple[int, int]  # (generation, version): the order of weights across le
 NO_WEIGHTS: Stamp = (-1, -1)
 
 
+def _open_board(path: str, writable: bool) -> int:
+    """The board file's descriptor. The writer creates it exclusively (mode 0600, never through a symlink) or
+    reuses one its own killed predecessor left (no O_TRUNC: readers that mapped it would fault on pages past a
+    truncated end); readers open only a regular file of their own user that nobody else may write."""
+    nofollow = os.O_NOFOLLOW  # a symlink planted at the name is refused (ELOOP), never followed
+    if writable:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o600)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDWR | nofollow)
+    else:
+        fd = os.open(path, os.O_RDONLY | nofollow)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise PermissionError(f"{path}: not a private file of this user (mode {st.st_mode & 0o777:o}, uid "
+                              f"{st.st_uid}); refusing it")
+    return fd
+
+
 class WeightBoard:
     """A two-slot shared-memory file of float32 parameter vectors, each slot tagged with its version."""
 
     def __init__(self, path: str, size: int, writable: bool):
         self.path, self.size = path, size
-        # No O_TRUNC: a restarted learner reuses the file its predecessor left, and readers that mapped it would
-        # fault on pages past a truncated end.
-        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
-        fd = os.open(path, flags, 0o600)
+        fd = _open_board(path, writable)
         try:
             self.inode = os.fstat(fd).st_ino
             slot_bytes = _HEADER + -(-size * 4 // _HEADER) * _HEADER

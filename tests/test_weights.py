@@ -175,3 +175,51 @@ def test_a_restarted_learner_s_older_version_reaches_every_subscriber(tmp_path, 
     assert (local.serial, remote.serial) == (serials[0] + 1, serials[1] + 1)
     again.close()
     second.close()
+
+
+def test_a_symlink_planted_at_the_board_s_name_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep me")
+    board = tmp_path / "board"
+    board.symlink_to(target)
+    with pytest.raises(OSError):
+        WeightBoard.create(str(board), 5)
+    with pytest.raises(OSError):
+        WeightBoard.open(str(board), 5)
+    assert target.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("mode,owner", [(0o666, None), (0o644, None), (0o600, 65534)])
+def test_a_board_file_others_could_write_or_own_is_neither_reused_nor_mapped(tmp_path, mode, owner):
+    import os
+
+    board = tmp_path / "board"
+    board.write_bytes(b"\0" * 4096)
+    os.chmod(board, mode)
+    if owner is not None:
+        if os.getuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(board, owner, owner)
+    with pytest.raises(PermissionError):
+        WeightBoard.create(str(board), 5)
+    with pytest.raises(PermissionError):
+        WeightBoard.open(str(board), 5)
+
+
+def test_the_board_is_created_private_and_stale_boards_of_other_users_are_left_alone(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from rlctl import remote
+
+    board = tmp_path / "rlctl-r1-abc-weights"
+    WeightBoard.create(str(board), 5)
+    assert stat.S_IMODE(os.stat(board).st_mode) == 0o600
+    theirs = tmp_path / "rlctl-r1-def-weights"
+    theirs.write_bytes(b"x")
+    if os.getuid() == 0:
+        os.chown(theirs, 65534, 65534)
+    monkeypatch.setattr(remote, "WEIGHT_BOARD_DIR", str(tmp_path))
+    remote.remove_weight_boards("r1")
+    assert not board.exists()
+    assert theirs.exists() == (os.getuid() == 0)

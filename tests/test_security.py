@@ -1,0 +1,52 @@
+"""Nobody else in: a local run's files are private and its sockets listen on loopback only."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from conftest import marked_processes, read_state, small_job, wait_for
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """`address:port` of every listening TCP socket held by one of `pids` (from ss)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        if owners & pids:
+            found.append(line.split()[3])
+    return found
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_local_run_is_private_and_listens_on_loopback_only(tmp_path):
+    job = small_job(tmp_path, name="private", stop="wall_s = 60")
+    runs = tmp_path / "runs"
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "RLCTL_TEST_MARK": mark})
+    try:
+        run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
+        wait_for(lambda: read_state(run_dir).get("processes")
+                 and all(p["state"] == "running" for p in read_state(run_dir)["processes"])
+                 and (run_dir / "checkpoints" / "latest.pt").exists(), 90, what="every process running")
+        listening = _listening(set(marked_processes(mark)) | {proc.pid})
+        assert listening, "the run binds sockets"
+        assert all(addr.startswith("127.0.0.1:") for addr in listening), listening  # torchrun's store too
+        for path in [run_dir, *run_dir.rglob("*")]:
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+        boards = [p for p in os.listdir("/dev/shm") if p.startswith(f"rlctl-{run_dir.name}-")]
+        assert boards and all(stat.S_IMODE(os.stat(f"/dev/shm/{b}").st_mode) == 0o600 for b in boards)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
