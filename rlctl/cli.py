@@ -309,7 +309,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--foll
 def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--timeout", min=0, help="Seconds to wait."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
-    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board
+    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board, same_process
 
     rd = _resolve(runs_dir, run)
     state = rd.read_state() or {}
@@ -320,7 +320,7 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
         _confirm_remote_hosts(rd)
         return
     pid = state.get("supervisor_pid")
-    if status_now != "lost" and pid_alive(pid):
+    if status_now != "lost" and same_process(pid, state.get("supervisor_start")):
         os.kill(pid, signal.SIGTERM)
         deadline = time.time() + timeout
         while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
@@ -395,9 +395,11 @@ def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
 
 def _reap(state: dict) -> int:
     """End every process group of the run still alive (SIGTERM, SIGKILL after 3 s); returns how many were."""
-    from rlctl.rundir import group_alive
+    from rlctl.rundir import group_alive, pid_alive, same_process
 
-    alive = [p["pgid"] for p in state.get("processes", []) if p.get("pgid") and group_alive(p["pgid"])]
+    # A group whose leader lives on as another process (its pid reused: another start time) is not the run's.
+    alive = [p["pgid"] for p in state.get("processes", []) if isinstance(p.get("pgid"), int) and p["pgid"] > 1
+             and group_alive(p["pgid"]) and (not pid_alive(p["pgid"]) or same_process(p["pgid"], p.get("start_time")))]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in alive:
             try:

@@ -71,6 +71,25 @@ def pid_alive(pid: int | None) -> bool:
     return not _is_zombie(pid)
 
 
+def process_start_time(pid: int | None) -> int | None:
+    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22); None if unknown or gone. With the
+    pid it names one process for good: a pid the kernel reused has another start time."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:  # type: ignore[arg-type]
+            return int(f.read().rsplit(b") ", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+def same_process(pid: int | None, start_time: object) -> bool:
+    """True while `pid` is alive and (where a start time was recorded) still the process that was recorded."""
+    if not pid_alive(pid):
+        return False
+    if not isinstance(start_time, int):
+        return True  # recorded by an rlctl that kept no start times
+    return process_start_time(pid) == start_time
+
+
 def group_alive(pgid: int) -> bool:
     """True while any process of the process group exists on this host, zombies aside: a process whose parent
     (a killed supervisor) is gone may wait as a zombie for a reaper that never comes."""
@@ -119,8 +138,9 @@ def status_of(state: dict | None) -> str:
     if status in TERMINAL_STATES or status == "unknown":
         return status
     pid = state.get("supervisor_pid")
-    # Without a pid (e.g. "created" before the supervisor started) we cannot tell; trust the file.
-    if pid is not None and not pid_alive(pid):
+    # Without a pid (e.g. "created" before the supervisor started) we cannot tell; trust the file. A pid reused by
+    # another process (another start time) is a dead supervisor too.
+    if pid is not None and not same_process(pid, state.get("supervisor_start")):
         return "lost"
     return status
 

@@ -33,7 +33,7 @@ from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter
 from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
-from rlctl.rundir import RunDir, group_alive, remove_weight_board
+from rlctl.rundir import RunDir, group_alive, process_start_time, remove_weight_board
 from rlctl.spec import JobSpec, load_job, resolved_dict
 
 STATE_INTERVAL_S = 0.5
@@ -117,6 +117,7 @@ class ProcessHandle:
     start_at: float | None = None  # a restart waiting out its backoff
     note: str | None = None  # why it was last restarted or killed, for `rlctl status`
     rank_pids: dict = field(default_factory=dict)  # learner: torchrun rank -> pid (a hung rank is killed by pid)
+    start_time: int | None = None  # the group leader's start time (rundir.process_start_time), against pid reuse
 
     def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"",
               forkserver: ForkServer | None = None) -> None:
@@ -137,6 +138,7 @@ class ProcessHandle:
         self.pump.start()
         self.state, self.exit_code, self.last_heartbeat = ProcState.STARTING, None, None
         self.kill_sent_at, self.started_at = None, time.time()
+        self.start_time = None if self.spec.remote else process_start_time(self.popen.pid)
 
     def tell(self, data: bytes, close: bool = False) -> None:
         """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
@@ -187,7 +189,7 @@ class ProcessHandle:
         key, unit = RATE_KEYS.get(self.spec.role, ("", ""))
         return {
             "name": self.spec.name, "role": self.spec.role, "rank": self.spec.rank, "host": self.spec.host,
-            "pid": self.pid, "pgid": self.pid, "state": self.state.value,
+            "pid": self.pid, "pgid": self.pid, "start_time": self.start_time, "state": self.state.value,
             "restarts": self.restarts + int(self.metrics.get(M.LEARNER_RESTARTS, 0) or 0),
             "exit_code": self.exit_code, "rate": self.metrics.get(key), "rate_unit": unit,
             "last_heartbeat": self.last_heartbeat, "remote": self.spec.remote, "note": self.note,
@@ -249,6 +251,7 @@ class Supervisor:
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
         self.next_ping = 0.0
         self.forkserver: ForkServer | None = None
+        self.own_start = process_start_time(os.getpid())  # with the pid: `rlctl stop` never signals a reused pid
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -263,7 +266,8 @@ class Supervisor:
         metrics[M.NET_DROPPED] = metrics.get(M.NET_DROPPED, 0) + self.control_dropped
         return {
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
-            "status": self.status, "supervisor_pid": os.getpid(), "started_at": self.started_at,
+            "status": self.status, "supervisor_pid": os.getpid(), "supervisor_start": self.own_start,
+            "started_at": self.started_at,
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
             "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [h.row() for h in self.handles], "metrics": metrics,

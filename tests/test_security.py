@@ -50,3 +50,31 @@ def test_a_local_run_is_private_and_listens_on_loopback_only(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path):
+    """state.json names pids whose processes are gone and whose numbers now belong to others (simulated: live
+    processes with other start times): `status` says lost, `stop` signals none of them."""
+    import json
+
+    from conftest import run_cli
+    from rlctl.rundir import process_start_time
+
+    others = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
+    try:
+        run_dir = tmp_path / "runs" / "reused-20260101-000000"
+        run_dir.mkdir(parents=True)
+        (run_dir / "state.json").write_text(json.dumps({
+            "run_id": run_dir.name, "status": "running", "supervisor_pid": others[0].pid,
+            "supervisor_start": process_start_time(others[0].pid) + 1,
+            "processes": [{"name": "collector-0", "role": "collector", "pid": others[1].pid, "pgid": others[1].pid,
+                           "start_time": process_start_time(others[1].pid) + 1, "state": "running"}]}))
+        env = {"RLCTL_RUNS_DIR": str(tmp_path / "runs")}
+        status = json.loads(run_cli(["status", run_dir.name, "--json"], env=env).stdout)
+        assert status["status"] == "lost"
+        run_cli(["stop", run_dir.name], env=env, timeout=60)
+        assert all(p.poll() is None for p in others), "a process that is not the run's was signalled"
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
