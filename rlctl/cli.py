@@ -143,7 +143,7 @@ def run(job_file: Optional[Path] = typer.Argument(
     """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
     from rlctl.plan import choose_base_port, local_python, make_plan
     from rlctl.rundir import RunDir, runs_root
-    from rlctl.spec import dumps_toml, resolved_dict
+    from rlctl.spec import dumps_toml, host_secrets, resolved_dict
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
     if resume:
@@ -161,7 +161,9 @@ def run(job_file: Optional[Path] = typer.Argument(
         _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses))
     if resumed is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
-    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
+    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
+    if host_secrets(spec):
+        rundir.write_secrets(host_secrets(spec))
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
                   board_token=secrets.token_hex(8))
     rundir.plan_json.write_text(p.to_json())
@@ -182,12 +184,12 @@ def run(job_file: Optional[Path] = typer.Argument(
 def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
     """(run dir, job, what the next segment continues from) for `run --resume`; exit 2 naming what is refused."""
     from rlctl.resume import ResumeRefused, job_for_resume, parse_until, previous_segment
-    from rlctl.spec import JobFileError
+    from rlctl.spec import JobFileError, with_host_secrets
 
     rundir = _resolve(runs_dir, run)
     try:
         resumed = previous_segment(rundir)
-        old = _load(rundir.job_toml)
+        old = with_host_secrets(_load(rundir.job_toml), rundir.read_secrets())
         new = _load(job) if job is not None else None
         spec = job_for_resume(old, new, parse_until(until), str(job or "--until"))
     except ResumeRefused as exc:

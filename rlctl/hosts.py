@@ -27,9 +27,10 @@ SSH_OPTIONS = {"BatchMode": "yes", "ConnectTimeout": "10", "ServerAliveInterval"
 ATTEMPT = "{attempt}"
 
 
-def control_socket(run_id: str, name: str) -> str:
-    """The remote Unix socket a process's session forwards to the supervisor (short: sun_path is 108 bytes)."""
-    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}-{ATTEMPT}.sock"
+def control_socket(run_id: str, name: str, token: str = "") -> str:
+    """The remote Unix socket a process's session forwards to the supervisor (short: sun_path is 108 bytes). Named
+    by the run's random token: no one can plant a file at a name they cannot guess (sshd makes the socket 0600)."""
+    return f"/tmp/rlctl-{token or format(zlib.crc32(run_id.encode()), '08x')}-{name}-{ATTEMPT}.sock"
 
 
 class LocalLauncher:
@@ -37,8 +38,9 @@ class LocalLauncher:
 
     remote = False
 
-    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0) -> list[str]:
-        """The command line to exec locally."""
+    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0,
+             secret: frozenset = frozenset()) -> list[str]:
+        """The command line to exec locally (the environment travels apart from it)."""
         return list(argv)
 
 
@@ -61,23 +63,28 @@ class SSHLauncher:
             cmd += ["-l", host.user]
         return cmd + [host.destination]
 
-    def shell_command(self, host: HostSpec, argv: list[str], env: dict[str, str] | None = None) -> str:
-        """The shell command run on the host: cd to its workdir, then exec argv (secrets excluded)."""
-        assignments = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items() if k not in SECRET_ENV]
+    def shell_command(self, host: HostSpec, argv: list[str], env: dict[str, str] | None = None,
+                      secret: frozenset = frozenset()) -> str:
+        """The shell command run on the host: cd to its workdir, then exec argv. Secrets (the keys, the host's own
+        env) are left out: a command line is readable in /proc by everyone; they go down the session's stdin."""
+        hidden = SECRET_ENV | secret
+        assignments = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items() if k not in hidden]
         body = "exec " + ("env " + " ".join(assignments) + " " if assignments else "") + shlex.join(argv)
         if host.workdir:
             body = f"cd {shlex.quote(host.workdir)} && {body}"
         return body
 
-    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0) -> list[str]:
-        """The local `ssh ...` command line that starts `argv` on the host, tethered to the session."""
+    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0,
+             secret: frozenset = frozenset()) -> list[str]:
+        """The local `ssh ...` command line that starts `argv` on the host, tethered to the session (`secret`: env
+        keys kept off it)."""
         prefix = self.ssh_prefix(host)
         forward = []
         if control_port and "RLCTL_CONTROL" in env:
             sock = env["RLCTL_CONTROL"].removeprefix("ipc://")
             forward = ["-o", "ExitOnForwardFailure=yes", "-R", f"{sock}:127.0.0.1:{control_port}"]
         wrapped = [host.python, "-m", "rlctl.remote", "run", "--", *argv]
-        return prefix[:-1] + forward + [prefix[-1], "--", self.shell_command(host, wrapped, env)]
+        return prefix[:-1] + forward + [prefix[-1], "--", self.shell_command(host, wrapped, env, secret)]
 
     def helper_argv(self, host: HostSpec, *args: str) -> list[str]:
         """`ssh ...` running `python -m rlctl.remote ARGS` on the host (check, sweep, pull)."""

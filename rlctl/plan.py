@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
 from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
-from rlctl.spec import HostSpec, JobSpec
+from rlctl.spec import SECRET_MASK, HostSpec, JobSpec
 
-SECRET_MASK = "********"
 ROLE_MODULES = {
     "learner": "rlctl.roles.learner",
     "replay": "rlctl.roles.replay",
@@ -43,6 +42,7 @@ class ProcessSpec:
     binds: dict[str, str] = field(default_factory=dict)
     critical: bool = False
     remote: bool = False  # started over SSH: argv is the `ssh` command, env is what the remote side gets
+    secret_keys: tuple[str, ...] = ()  # env keys whose values are secrets (the host's own env): never shown or on argv
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,16 @@ class LaunchPlan:
     endpoints: dict[str, object]
     hosts: list[dict]
     processes: list[ProcessSpec]
-    board_token: str = ""  # the random part of the weight board's name (remote.weight_board_file)
+    board_token: str = ""  # random part of the names others must not guess: weight board, remote control sockets
 
     def to_dict(self, mask_secrets: bool = True) -> dict:
         """Plain data (for plan.json and `rlctl plan --json`), secrets masked."""
         data = asdict(self)
-        if mask_secrets:
-            for proc in data["processes"]:
-                for key in proc["env"]:
-                    if key in SECRET_ENV:
-                        proc["env"][key] = SECRET_MASK
+        for proc in data["processes"]:
+            proc["secret_keys"] = list(proc["secret_keys"])  # as JSON has it
+            for key in proc["env"]:
+                if mask_secrets and (key in SECRET_ENV or key in proc["secret_keys"]):
+                    proc["env"][key] = SECRET_MASK
         return data
 
     def to_json(self, mask_secrets: bool = True) -> str:
@@ -204,10 +204,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
             # The job file arrives on the session's stdin; the run's files live under the host's workdir.
             remote_dir = remote_run_dir(run_id)
             env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(run_id),
-                       RLCTL_CONTROL=f"ipc://{control_socket(run_id, name)}")
+                       RLCTL_CONTROL=f"ipc://{control_socket(run_id, name, board_token)}")
         py = python if (python and h.is_local) else h.python
-        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port)
-        procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local))
+        secret = tuple(sorted(h.env))
+        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port, frozenset(secret))
+        procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local,
+                                 secret))
 
     for rank, (h, r) in enumerate(zip(shards, replay_eps)):
         add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],

@@ -167,6 +167,7 @@ class RunDir:
         self.logs_dir = self.path / "logs"
         self.tb_dir = self.path / "tb"
         self.checkpoints_dir = self.path / "checkpoints"
+        self.secrets_json = self.path / "secrets.json"  # hosts[].env values, masked everywhere else (0600)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -200,6 +201,16 @@ class RunDir:
     def read_state(self) -> dict | None:
         """The run's state.json, or None if missing or unreadable (never raises)."""
         return _read_json(self.state_json)
+
+    def read_secrets(self) -> dict:
+        """The run's host secrets (`spec.host_secrets`), {} when it has none."""
+        return _read_json(self.secrets_json) or {}
+
+    def write_secrets(self, secrets: dict) -> None:
+        """Keep the host secrets apart from job.toml, readable by the owner only."""
+        fd = os.open(self.secrets_json, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(secrets, f)
 
     def read_plan(self) -> dict | None:
         """The run's plan.json, or None if missing or unreadable (never raises)."""

@@ -568,15 +568,40 @@ def load_job(path: str | Path) -> JobSpec:
     return validate_job(data, p)
 
 
+SECRET_MASK = "********"
+
+
 def resolved_dict(spec: JobSpec) -> dict:
-    """The job with every default filled in, as plain TOML-able data (None values dropped)."""
+    """The job with every default filled in, as plain TOML-able data (None values dropped). `hosts[].env` values
+    are secrets (tokens, passwords): masked here, so job.toml, checkpoints and TensorBoard never hold them; the
+    run keeps them in its private secrets file (`host_secrets`, `with_host_secrets`)."""
     data = _drop_none(spec.model_dump(mode="json"))
     if data["hosts"]:
         for key in HOST_COUNT_KEYS:  # set per host; writing the topology defaults would make the job invalid
             data["topology"].pop(key, None)
+        for host in data["hosts"]:
+            host["env"] = {k: SECRET_MASK for k in host.get("env", {})}
     else:
         del data["hosts"]
     return data
+
+
+def host_secrets(spec: JobSpec) -> dict[str, dict[str, str]]:
+    """host name -> its `env` (the values resolved_dict masks)."""
+    return {h.name: dict(h.env) for h in spec.hosts if h.env}
+
+
+def with_host_secrets(spec: JobSpec, secrets: object) -> JobSpec:
+    """The job with masked `hosts[].env` values filled in again from `secrets` (as host_secrets made it; anything
+    else in it is ignored)."""
+    if not isinstance(secrets, dict):
+        return spec
+    hosts = []
+    for h in spec.hosts:
+        given = secrets.get(h.name) if isinstance(secrets.get(h.name), dict) else {}
+        env = {k: given[k] if v == SECRET_MASK and isinstance(given.get(k), str) else v for k, v in h.env.items()}
+        hosts.append(h.model_copy(update={"env": env}))
+    return spec.model_copy(update={"hosts": hosts})
 
 
 def _drop_none(value: Any) -> Any:

@@ -34,7 +34,7 @@ from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir, group_alive, process_start_time, remove_weight_board
-from rlctl.spec import JobSpec, load_job, resolved_dict
+from rlctl.spec import JobSpec, load_job, resolved_dict, with_host_secrets
 
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
@@ -481,7 +481,8 @@ class Supervisor:
                     forkserver=forkserver)
             return
         # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
-        setup = {"env": {wire.KEYS_ENV: self.keys.to_env()}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
+        secrets = {k: h.spec.env[k] for k in h.spec.secret_keys if k in h.spec.env}  # never on a command line
+        setup = {"env": {wire.KEYS_ENV: self.keys.to_env(), **secrets}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
                  "session_timeout_s": self.spec.network.session_timeout_s}
         h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
@@ -698,7 +699,7 @@ def supervise_rundir(path: str, display=None) -> int:
     """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`."""
     os.umask(0o077)  # everything the run writes, here and in the processes it starts: folders 0700, files 0600
     rundir = RunDir(Path(path))
-    spec = load_job(rundir.job_toml)
+    spec = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
     saved = rundir.read_plan() or {}
     # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
     addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}

@@ -372,8 +372,10 @@ def test_ssh_argv_for_remote_host(remote_spec):
         assert assignments["RLCTL_ROLE"] == "collector"
         assert assignments["RLCTL_RANK"] == name.split("-")[1]
         assert assignments["RLCTL_HOST"] == "gpu-box"
-        assert assignments["OMP_NUM_THREADS"] == "2"  # the host's env wins over the default
-        assert assignments["DATA"] == 'it\'s "quoted"'
+        # The host's own env may hold secrets: kept off the command line, it travels down the session's stdin.
+        assert "OMP_NUM_THREADS" not in assignments and "DATA" not in assignments
+        assert x.env["OMP_NUM_THREADS"] == "2" and x.env["DATA"] == 'it\'s "quoted"'  # the host's env wins
+        assert x.secret_keys == ("DATA", "OMP_NUM_THREADS")
         assert json.loads(assignments["RLCTL_ENDPOINTS"]) == plan_of(remote_spec).endpoints
         assert "RLCTL_CURVE_KEYS" not in assignments
         assert x.env["RLCTL_CURVE_KEYS"] == SECRET  # it travels out of band (stdin), not on the command line

@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -78,3 +79,70 @@ def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path):
         for p in others:
             p.kill()
             p.wait()
+
+
+def test_a_host_secret_appears_in_no_command_line_file_or_checkpoint(tmp_path):
+    """A token in hosts[].env reaches the processes' environment, and nothing else: no /proc/*/cmdline, plan.json,
+    job.toml, `rlctl plan`, TensorBoard event file or checkpoint holds it."""
+    import json
+
+    from conftest import run_cli
+
+    sentinel = "s3cr3t-" + uuid.uuid4().hex
+    job = tmp_path / "secret.toml"
+    job.write_text(f"""
+[job]
+name = "secret"
+[job.stop]
+env_steps = 6000
+wall_s = 120
+[env]
+id = "CartPole-v1"
+envs_per_collector = 4
+[algorithm]
+name = "apex"
+batch_size = 32
+[replay]
+capacity = 5000
+min_size = 200
+[logging]
+checkpoint_interval_s = 0.5
+
+[[hosts]]
+name = "here"
+address = "localhost"
+learner = true
+collectors = 1
+replay_shards = 1
+evaluator = true
+env = {{ API_TOKEN = "{sentinel}" }}
+""")
+    runs = tmp_path / "runs"
+    assert sentinel not in run_cli(["plan", str(job), "--json", "--runs-dir", str(runs)]).stdout
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "RLCTL_TEST_MARK": mark})
+    seen_in_env = False
+    try:
+        run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
+        while proc.poll() is None:
+            for pid in marked_processes(mark):
+                try:
+                    assert sentinel.encode() not in open(f"/proc/{pid}/cmdline", "rb").read()
+                    seen_in_env |= f"API_TOKEN={sentinel}".encode() in open(f"/proc/{pid}/environ", "rb").read()
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        out = proc.stdout.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert seen_in_env, "the processes get the value in their environment"
+    assert read_state(run_dir)["status"] == "finished"
+    files = [p for p in run_dir.rglob("*") if p.is_file() and p.name != "secrets.json"]
+    assert any(p.suffix == ".pt" for p in files) and any("tfevents" in p.name for p in files)
+    for path in files:
+        assert sentinel.encode() not in path.read_bytes(), path
+    assert json.loads((run_dir / "secrets.json").read_text()) == {"here": {"API_TOKEN": sentinel}}
+    assert stat.S_IMODE((run_dir / "secrets.json").stat().st_mode) == 0o600

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from rlctl import spec as spec_mod
-from rlctl.spec import JobFileError, JobSpec, dumps_toml, load_job, resolved_dict, validate_job
+from rlctl.spec import (SECRET_MASK, JobFileError, JobSpec, dumps_toml, host_secrets, load_job, resolved_dict,
+                        validate_job, with_host_secrets)
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
@@ -477,6 +478,9 @@ def test_roundtrip_rich_job(tmp_path):
     assert kwargs["list_of_tables"][1]["sub"] == {"w": []}
     assert spec.hosts[0].env["WEIRD"] == 'a b "c" $HOME\n'
     again = roundtrip(spec)
+    # Host env values are secrets: job.toml holds them masked, the run's secrets file the values.
+    assert all(set(v) == {SECRET_MASK} for h in again.hosts for v in [list(h.env.values())] if v)
+    again = with_host_secrets(again, host_secrets(spec))
     assert again == spec
     assert again.env.kwargs == kwargs
     assert [h.env for h in again.hosts] == [h.env for h in spec.hosts]
