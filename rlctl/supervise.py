@@ -8,6 +8,7 @@ into flags checked by the loop; shutdown always runs in `finally`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -42,6 +43,7 @@ SSH_FAILED = 255
 SESSIONS_OPENING_PER_HOST = 8
 SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds back the host's next ones
 STOP_GRACE_S = 20.0
+BINDING_ROLES = frozenset({"learner", "replay"})  # processes that bind sockets, and so hold the server secret
 MAX_BACKOFF_S = 30.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
@@ -224,7 +226,15 @@ class Supervisor:
 
     def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, keys: wire.CurveKeys,
                  display=None, resumed: dict | None = None):
-        self.spec, self.plan, self.rundir, self.keys = spec, plan, rundir, keys
+        self.spec, self.plan, self.rundir = spec, plan, rundir
+        # Every process gets a client key pair of its own, and the server secret only if it binds a socket; servers
+        # admit exactly these keys, and a control message counts only from the process its key was given to.
+        pairs = {p.name: zmq.curve_keypair() for p in plan.processes}
+        allowed = (keys.client_public, *(cp for cp, _ in pairs.values()))
+        self.keys = dataclasses.replace(keys, allowed=allowed)
+        self.process_keys = {p.name: keys.for_process(pairs[p.name], p.role in BINDING_ROLES, allowed)
+                             for p in plan.processes}
+        self.key_owner = {cp.decode(): name for name, (cp, _) in pairs.items()}
         self.display = display  # callable(state) for the live table / progress line, or None
         self.handles = [ProcessHandle(p) for p in plan.processes]
         self.by_name = {h.spec.name: h for h in self.handles}
@@ -477,12 +487,13 @@ class Supervisor:
             forkserver = self.forkserver if self.forkserver is not None and self._forkable(h) else None
             # The supervisor's pid: a local process stops by itself once this supervisor is gone (context.py).
             own = {SUPERVISOR_PID_ENV: str(os.getpid()), LOG_FILE_ENV: str(self.rundir.logs_dir / f"{h.spec.name}.log")}
-            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.keys.to_env(), **own}, self.rundir.logs_dir,
+            h.start({**os.environ, **h.spec.env, wire.KEYS_ENV: self.process_keys[h.spec.name].to_env(), **own},
+                    self.rundir.logs_dir,
                     forkserver=forkserver)
             return
         # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
         secrets = {k: h.spec.env[k] for k in h.spec.secret_keys if k in h.spec.env}  # never on a command line
-        setup = {"env": {wire.KEYS_ENV: self.keys.to_env(), **secrets}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
+        setup = {"env": {wire.KEYS_ENV: self.process_keys[h.spec.name].to_env(), **secrets}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
                  "session_timeout_s": self.spec.network.session_timeout_s}
         h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
@@ -494,11 +505,11 @@ class Supervisor:
             try:
                 if msg is None:
                     raise ControlError("undecodable")
-                self._on_message(parse_control(msg.kind, msg.sender, msg.meta), identity)
+                self._on_message(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
             except ControlError:
                 self.control_dropped += 1
 
-    def _on_message(self, msg: ControlMessage, identity: list) -> None:
+    def _on_message(self, msg: ControlMessage, identity: list, peer: str | None) -> None:
         """A validated hello or heartbeat: the sender is alive; its figures go to the hub."""
         if msg.role == "learner":
             # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
@@ -509,6 +520,8 @@ class Supervisor:
             handle = self.by_name.get(msg.sender)
         if handle is None:
             raise ControlError(f"no process {msg.sender} in the plan")
+        if self.key_owner.get(peer or "") != handle.spec.name:  # a sender is who CURVE says, not what it claims
+            raise ControlError(f"{msg.sender} sent with the key of {self.key_owner.get(peer or '', 'nobody')}")
         self.identities[msg.sender] = identity
         handle.last_heartbeat = time.time()
         if handle.state == ProcState.STARTING:

@@ -43,6 +43,7 @@ class Message:
     version: int = 0
     meta: dict = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    peer: str | None = None  # the sender's client public key (z85) as CURVE authenticated it, where known
 
 
 def encode(kind: str, sender: str = "", version: int = 0, meta: dict | None = None,
@@ -126,7 +127,13 @@ def recv(sock: zmq.Socket, flags: int = 0, routed: bool = False) -> tuple[list, 
     prefix = []
     if routed:
         prefix, frames = frames[:1], frames[1:]
-    return prefix, decode(frames)
+    msg = decode(frames)
+    if frames and isinstance(frames[0], zmq.Frame):
+        try:
+            msg.peer = frames[0].get("User-Id")  # set by the ZAP handshake of a CURVE server socket
+        except zmq.ZMQError:
+            msg.peer = None
+    return prefix, msg
 
 
 def receive_waiting(sock: zmq.Socket, routed: bool = False):
@@ -142,43 +149,56 @@ def receive_waiting(sock: zmq.Socket, routed: bool = False):
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """The job's CURVE key pairs: one for every binding (server) socket, one for every client."""
+    """One process's CURVE keys: the job's server public key, the server secret only where the process binds a
+    socket, its own client key pair, and (where it binds) the client public keys it admits (every process's)."""
 
     server_public: bytes
     server_secret: bytes
     client_public: bytes
     client_secret: bytes
+    allowed: tuple[bytes, ...] = ()
 
     @classmethod
     def generate(cls) -> "CurveKeys":
-        """Fresh key pairs for one job."""
+        """Fresh keys for one process that both binds and connects (tests, benches; the supervisor itself)."""
         sp, ss = zmq.curve_keypair()
         cp, cs = zmq.curve_keypair()
-        return cls(sp, ss, cp, cs)
+        return cls(sp, ss, cp, cs, (cp,))
+
+    def for_process(self, pair: tuple[bytes, bytes], binds: bool, allowed: tuple[bytes, ...]) -> "CurveKeys":
+        """Keys for one process of this job: its own client `pair`; the server secret and the admitted client keys
+        only if it `binds` a socket."""
+        return CurveKeys(self.server_public, self.server_secret if binds else b"", *pair, allowed if binds else ())
 
     def to_env(self) -> str:
-        """One string for the child's environment (never its command line)."""
-        return ",".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public, self.client_secret))
+        """One string for the child's environment (never its command line). z85 has no ',' and no ' '."""
+        head = ",".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public,
+                                             self.client_secret))
+        return head + "," + " ".join(k.decode() for k in self.allowed)
 
     @classmethod
     def from_env(cls, value: str | None = None) -> "CurveKeys":
         """Keys from $RLCTL_CURVE_KEYS."""
         value = value if value is not None else os.environ.get(KEYS_ENV, "")
-        parts = value.split(",")  # z85 uses ":" itself
-        if len(parts) != 4 or not all(len(p) == 40 for p in parts):
+        parts = value.split(",")
+        if len(parts) == 4:  # an older form: one client pair for the whole job
+            parts.append(parts[2])
+        ok = len(parts) == 5 and all(len(p) == 40 for p in (parts[0], parts[2], parts[3])) and len(parts[1]) in (0, 40)
+        allowed = tuple(k.encode() for k in parts[4].split()) if ok else ()
+        if not ok or not all(len(k) == 40 for k in allowed):
             raise RuntimeError(f"${KEYS_ENV} is missing or malformed: this process must be started by `rlctl run`")
-        return cls(*(p.encode() for p in parts))
+        return cls(*(p.encode() for p in parts[:4]), allowed)
 
 
 class ClientKeyCheck:
-    """ZAP credentials check: admits only the job's client key."""
+    """ZAP credentials check: admits only the job's client keys (one per process)."""
 
-    def __init__(self, allowed: bytes):
-        self.allowed = allowed
+    def __init__(self, allowed):
+        self.allowed = frozenset([allowed] if isinstance(allowed, bytes) else allowed)
 
     def callback(self, domain: str, key: bytes) -> bool:
         """Called by the authenticator thread for each CURVE handshake (pyzmq passes the z85 key)."""
-        return key == self.allowed
+        return key in self.allowed
 
 
 HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -225,10 +245,12 @@ class SecureContext:
         if self._auth is None:
             self._auth = ThreadAuthenticator(self.ctx)
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=ClientKeyCheck(self.keys.client_public))
+            self._auth.configure_curve_callback("*", credentials_provider=ClientKeyCheck(self.keys.allowed))
 
     def server(self, kind: int, endpoint: str, **opts: int) -> zmq.Socket:
         """A socket bound at `endpoint` that only job members can talk to; refusals are counted."""
+        if not self.keys.server_secret:
+            raise RuntimeError("this process holds no server key: it may not bind sockets")
         self._ensure_auth()
         sock = self.ctx.socket(kind)
         sock.curve_server = True

@@ -74,7 +74,8 @@ def test_the_control_parser_raises_nothing_but_its_own_error(kind, sender, meta)
 
 def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_path):
     """Each malformed heartbeat once crashed the supervisor (and then nothing was stopped); it now drops and counts
-    them, and a forged infinite evaluator return does not end the run as finished."""
+    them, and neither a forged infinite evaluator return nor a finite one sent with another process's key (a
+    spoofed evaluator-0) ends the run as finished."""
     job = small_job(tmp_path, name="hostile", stop="wall_s = 12\neval_return = 1e9")
     runs = tmp_path / "runs"
     env = {"RLCTL_RUNS_DIR": str(runs)}
@@ -95,7 +96,9 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
         wire.send(sock, kind, sender, 0, meta)
     sock.send_multipart([msgpack.packb({"k": 1}), b"junk"])
     wire.send(sock, "heartbeat", "evaluator-0", 0, {"metrics": {M.EVAL_RETURN_MEAN: float("inf"), M.EVAL_STREAK: 99}})
-    wait_for(lambda: read_state(run_dir)["metrics"].get(M.NET_DROPPED, 0) >= len(bad) + 1, 20, what="drops counted")
+    # Well-formed, but sent with another process's key: a sender is who CURVE authenticated, not what it claims.
+    wire.send(sock, "heartbeat", "evaluator-0", 0, {"metrics": {M.EVAL_RETURN_MEAN: 2e9, M.EVAL_STREAK: 99}})
+    wait_for(lambda: read_state(run_dir)["metrics"].get(M.NET_DROPPED, 0) >= len(bad) + 3, 20, what="drops counted")
     net.close()
     state = wait_for(lambda: read_state(run_dir).get("status") in ("finished", "failed", "stopped")
                      and read_state(run_dir), 60, what="the run to end")
@@ -104,7 +107,7 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
 
 
 def _keys_of_a_process(run_dir, plan) -> str:
-    """The job's keys, read the way an attacker on the host could not: from a role process's environment."""
+    """A job member's keys (the learner's), read from its environment as only the job's owner can."""
     import os
 
     for entry in os.listdir("/proc"):

@@ -146,3 +146,24 @@ env = {{ API_TOKEN = "{sentinel}" }}
         assert sentinel.encode() not in path.read_bytes(), path
     assert json.loads((run_dir / "secrets.json").read_text()) == {"here": {"API_TOKEN": sentinel}}
     assert stat.S_IMODE((run_dir / "secrets.json").stat().st_mode) == 0o600
+
+
+def test_each_process_holds_only_the_keys_it_needs(tmp_path):
+    """A client key pair per process; the server secret only where a process binds (learner, replay shards)."""
+    from rlctl import wire
+    from rlctl.plan import make_plan
+    from rlctl.rundir import RunDir
+    from rlctl.spec import load_job
+    from rlctl.supervise import Supervisor
+
+    spec = load_job(small_job(tmp_path, name="keys", collectors=2))
+    plan = make_plan(spec, "keys-1", str(tmp_path / "run"), 30000)
+    sup = Supervisor(spec, plan, RunDir(tmp_path / "run"), wire.CurveKeys.generate())
+    keys = {name: wire.CurveKeys.from_env(k.to_env()) for name, k in sup.process_keys.items()}
+    assert {name for name, k in keys.items() if k.server_secret} == {"learner-0", "replay-0"}
+    assert len({k.client_secret for k in keys.values()}) == len(keys)  # no two processes share a client key
+    for name in ("collector-0", "collector-1", "evaluator-0"):
+        assert keys[name].allowed == ()
+        with pytest.raises(RuntimeError):
+            wire.SecureContext(keys[name]).server(__import__("zmq").PULL, "tcp://127.0.0.1:0")
+    assert set(keys["replay-0"].allowed) == {k.client_public for k in keys.values()} | {sup.keys.client_public}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rlctl import wire
 from conftest import REPO, only_run, read_state, run_cli, wait_for
 from hostlab import HostLab
 
@@ -196,7 +197,7 @@ def test_secret_never_on_a_command_line_and_stop_leaves_nothing_on_any_host(lab,
     runs, run_id = _detached_spread_run(lab, tmp_path, "ssh-stop")
     pids = run_processes_anywhere(run_id)
     assert len(pids) >= 6  # at least a wrapper and a role per process (torchrun adds its worker)
-    secrets = set()
+    secrets, client_secrets = set(), set()
     for pid in pids:
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
@@ -204,8 +205,11 @@ def test_secret_never_on_a_command_line_and_stop_leaves_nothing_on_any_host(lab,
             continue
         for var in environ.split(b"\0"):
             if var.startswith(b"RLCTL_CURVE_KEYS="):
-                secrets.update(var.split(b"=", 1)[1].split(b","))
-    assert len(secrets) == 4, "the role processes got the job's keys"
+                keys = wire.CurveKeys.from_env(var.split(b"=", 1)[1].decode())
+                secrets.update(k for k in (keys.server_secret, keys.client_secret, keys.client_public) if k)
+                client_secrets.add(keys.client_secret)
+    # The role processes got keys: a client pair of their own each (learner and both collectors at least).
+    assert len(client_secrets) >= 3, "the role processes got the job's keys"
     seen = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
