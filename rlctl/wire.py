@@ -93,7 +93,7 @@ def _array(spec: Any, frame: Any) -> tuple[str, np.ndarray]:
     if not (isinstance(spec, list) and len(spec) == 3):
         raise WireError("bad array spec")
     name, dtype, shape = spec
-    if not isinstance(name, str) or dtype not in ALLOWED_DTYPES:
+    if not isinstance(name, str) or not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise WireError(f"bad array name/dtype {dtype!r}")
     if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
         raise WireError("bad array shape")

@@ -127,6 +127,9 @@ CASES = [
      [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
       "*/runs/*/state.json"]),
     ("cli_latency.py", ["--quick", "--runs", "3"], True, [("rlctl --help", 1, False)]),  # an rlctl invocation
+    ("fuzz.py", ["--messages", "1000000", "--jobs", "apex"], False,
+     [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
+      "*/runs-apex/*/state.json"]),
     # its `rlctl run` (attached, a child of the bench) with every process running
     ("faults.py", ["--rounds", "1"], False,
      [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
