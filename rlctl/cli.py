@@ -157,15 +157,17 @@ def run(job_file: Optional[Path] = typer.Argument(
     _warn_machine(spec)
     base_port = choose_base_port(spec)
     addresses = _host_addresses(spec)
+    token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
     if any(not h.is_local for h in spec.hosts):
-        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses))
+        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses,
+                                   board_token=token))
     if resumed is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
     if host_secrets(spec):
         rundir.write_secrets(host_secrets(spec))
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
-                  board_token=secrets.token_hex(8))
+                  board_token=token)
     rundir.plan_json.write_text(p.to_json())
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},

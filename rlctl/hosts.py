@@ -27,10 +27,18 @@ SSH_OPTIONS = {"BatchMode": "yes", "ConnectTimeout": "10", "ServerAliveInterval"
 ATTEMPT = "{attempt}"
 
 
+def private_dir(token: str) -> str:
+    """The run's private folder (0700) on each remote host, made by the preflight check: the sockets its sessions
+    forward live there, where no other user can plant or reach anything."""
+    return f"/tmp/rlctl-{token}"
+
+
 def control_socket(run_id: str, name: str, token: str = "") -> str:
-    """The remote Unix socket a process's session forwards to the supervisor (short: sun_path is 108 bytes). Named
-    by the run's random token: no one can plant a file at a name they cannot guess (sshd makes the socket 0600)."""
-    return f"/tmp/rlctl-{token or format(zlib.crc32(run_id.encode()), '08x')}-{name}-{ATTEMPT}.sock"
+    """The remote Unix socket a process's session forwards to the supervisor (short: sun_path is 108 bytes): in the
+    run's private folder when the run has a token (`rlctl run` always draws one)."""
+    if token:
+        return f"{private_dir(token)}/{name}-{ATTEMPT}.sock"
+    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}-{ATTEMPT}.sock"
 
 
 class LocalLauncher:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 
 import rlctl
-from rlctl.hosts import last_json_line, on_hosts, ssh_failure
+from rlctl.hosts import last_json_line, on_hosts, private_dir, ssh_failure
 from rlctl.plan import LaunchPlan, placement
 from rlctl.spec import HostSpec, JobSpec
 
@@ -42,6 +42,8 @@ def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) 
         return f"{where}: rlctl {facts.get('rlctl')} there, {rlctl.__version__} here; install the same version"
     if needs_torch and not facts.get("torch"):
         return f"{where}: torch is not importable by {h.python} there"
+    if facts.get("private_error"):
+        return f"{where}: {facts['private_error']}"
     if facts.get("busy"):
         return (f"{where}: ports {', '.join(map(str, facts['busy']))} are in use there; set network.base_port "
                 "to a free range")
@@ -55,7 +57,8 @@ def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIME
 
     def args(h: HostSpec) -> list[str]:
         bind = h.advertise_address or "0.0.0.0"
-        return ["check", "--ports", ",".join(map(str, host_ports(plan, h.name))), "--bind", bind]
+        private = ["--private-dir", private_dir(plan.board_token)] if plan.board_token else []
+        return ["check", "--ports", ",".join(map(str, host_ports(plan, h.name))), "--bind", bind, *private]
 
     results = on_hosts(remote, args, timeout=timeout)
     problems = [diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES)) for h in remote]

@@ -21,6 +21,7 @@ import select
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -195,14 +196,30 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def command_check(ports: list[int], bind: str) -> int:
-    """One JSON line of facts for the launcher's preflight: versions, torch, busy ports."""
+def command_check(ports: list[int], bind: str, private: str = "") -> int:
+    """One JSON line of facts for the launcher's preflight: versions, torch, busy ports; and the run's private
+    folder made (`private_error` says why it could not be)."""
     print(json.dumps({
         "rlctl": rlctl.__version__, "python": sys.version.split()[0], "executable": sys.executable,
         "torch": importlib.util.find_spec("torch") is not None, "hostname": socket.gethostname(),
         "busy": [p for p in ports if not port_free(bind, p)],
+        **({"private_error": make_private_dir(private)} if private else {}),
     }))
     return 0
+
+
+def make_private_dir(path: str) -> str | None:
+    """Make `path` a folder only this user can enter (0700); an error text if something else is there."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"cannot make {path}: {exc.strerror}"
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        return f"{path} exists and is not a private folder of this user"
+    return None
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -262,6 +279,7 @@ def main(args: list[str] | None = None) -> int:
     p_check = sub.add_parser("check", help="print versions and which of the given ports are busy")
     p_check.add_argument("--ports", default="")
     p_check.add_argument("--bind", default="0.0.0.0")
+    p_check.add_argument("--private-dir", default="")
     p_sweep = sub.add_parser("sweep", help="list (and with --kill end) a run's processes on this host")
     p_sweep.add_argument("run_id")
     p_sweep.add_argument("--kill", action="store_true")
@@ -279,7 +297,7 @@ def main(args: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(code)
     if ns.command == "check":
-        return command_check([int(p) for p in ns.ports.split(",") if p], ns.bind)
+        return command_check([int(p) for p in ns.ports.split(",") if p], ns.bind, ns.private_dir)
     if ns.command == "sweep":
         return command_sweep(ns.run_id, ns.kill)
     return command_pull(ns.directory)

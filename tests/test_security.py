@@ -167,3 +167,21 @@ def test_each_process_holds_only_the_keys_it_needs(tmp_path):
         with pytest.raises(RuntimeError):
             wire.SecureContext(keys[name]).server(__import__("zmq").PULL, "tcp://127.0.0.1:0")
     assert set(keys["replay-0"].allowed) == {k.client_public for k in keys.values()} | {sup.keys.client_public}
+
+
+def test_the_remote_private_folder_is_made_0700_and_nothing_else_is_taken_for_it(tmp_path):
+    """Remote sessions forward the control socket into the run's private folder, made by the preflight check."""
+    from rlctl.hosts import control_socket, private_dir
+    from rlctl.remote import make_private_dir
+
+    fresh = tmp_path / "fresh"
+    assert make_private_dir(str(fresh)) is None and stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    assert make_private_dir(str(fresh)) is None  # a second check of the same run
+    wide = tmp_path / "wide"
+    wide.mkdir(mode=0o755)
+    os.chmod(wide, 0o755)
+    planted = tmp_path / "planted"
+    planted.symlink_to(fresh)
+    assert "not a private folder" in make_private_dir(str(wide))
+    assert "not a private folder" in make_private_dir(str(planted))
+    assert control_socket("run", "collector-0", "ab12").startswith(private_dir("ab12") + "/")
