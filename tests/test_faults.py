@@ -146,9 +146,11 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     fresh_steps = assert_solved(only_run(fresh_runs))["metrics"]["charts/env_steps"]
 
     runs = tmp_path / "runs"
-    proc = start_run(["run", str(apex_job(tmp_path)), "--runs-dir", str(runs)], mark)
+    # Six rounds at the target to finish (not three): the kill at the first return of 300 must come before the end.
+    proc = start_run(["run", str(apex_job(tmp_path, name="killed.toml", eval_rounds="6")), "--runs-dir", str(runs)],
+                     mark)
     run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
-    wait_for(lambda: metric(run_dir, "eval/return_mean") >= 300, CAP_S, what="a greedy return of 300")
+    wait_for(lambda: metric(run_dir, "eval/return_mean") >= 300, CAP_S, interval=0.02, what="a greedy return of 300")
     proc.kill()
     proc.wait()
     killed_at = time.time()
