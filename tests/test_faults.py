@@ -146,9 +146,11 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     fresh_steps = assert_solved(only_run(fresh_runs))["metrics"]["charts/env_steps"]
 
     runs = tmp_path / "runs"
-    # Six rounds at the target to finish (not three): the kill at the first return of 300 must come before the end.
-    proc = start_run(["run", str(apex_job(tmp_path, name="killed.toml", eval_rounds="6")), "--runs-dir", str(runs)],
-                     mark)
+    # A target no return reaches (CartPole's is at most 500): the run cannot finish before the kill (confirming
+    # rounds run back to back, so any reachable target raced it); the resume brings the real one in, a change of
+    # [job.stop] that --job allows.
+    killed = apex_job(tmp_path, name="killed.toml", eval_return="501.0")
+    proc = start_run(["run", str(killed), "--runs-dir", str(runs)], mark)
     run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
     wait_for(lambda: metric(run_dir, "eval/return_mean") >= 300, CAP_S, interval=0.02, what="a greedy return of 300")
     proc.kill()
@@ -161,7 +163,8 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     assert status["status"] == "lost"
     assert "supervisor (pid" in log_text(run_dir, "learner-0")  # each process noticed and stopped by itself
 
-    out = run_cli(["run", "--resume", run_dir.name, "--runs-dir", str(runs)], env={"RLCTL_TEST_MARK": mark},
+    out = run_cli(["run", "--resume", run_dir.name, "--job", str(apex_job(tmp_path)), "--runs-dir", str(runs)],
+                  env={"RLCTL_TEST_MARK": mark},
                   timeout=CAP_S + 60)
     assert f"resuming {run_dir.name} (lost)" in out.stderr
     state = assert_solved(run_dir)
