@@ -164,8 +164,9 @@ def run(job_file: Optional[Path] = typer.Argument(
     if resumed is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
-    if host_secrets(spec):
-        rundir.write_secrets(host_secrets(spec))
+    secrets_of_hosts = host_secrets(spec)
+    if secrets_of_hosts:
+        rundir.write_secrets(secrets_of_hosts)
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
                   board_token=token)
     rundir.plan_json.write_text(p.to_json())

@@ -71,6 +71,8 @@ def replace_bytes(path: str | Path, data: bytes) -> Path:
 
 def remove_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporary files that killed writers left in `directory` (not those of live writers)."""
+    from rlctl.rundir import pid_alive  # here: rundir writes state.json through this module
+
     removed = []
     try:
         entries = list(Path(directory).iterdir())
@@ -81,7 +83,7 @@ def remove_temporaries(directory: str | Path) -> list[Path]:
         if match is None:
             continue
         pid = int(match.group(1))
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue
         try:
             p.unlink()
@@ -89,13 +91,3 @@ def remove_temporaries(directory: str | Path) -> list[Path]:
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

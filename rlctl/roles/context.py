@@ -16,6 +16,7 @@ import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
+from rlctl.rundir import pid_alive
 from rlctl.spec import JobSpec, load_job
 
 
@@ -149,7 +150,7 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
         except ProcessLookupError:
             fd = None
         except OSError:  # no pidfd (old kernel): look once a quarter second
-            while _pid_alive(pid):
+            while pid_alive(pid):
                 time.sleep(0.25)
             fd = None
         if fd is not None:
@@ -173,16 +174,6 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
     thread = threading.Thread(target=wait, name="supervisor-watch", daemon=True)
     thread.start()
     return thread
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def role_main(run) -> None:
