@@ -294,6 +294,9 @@ def run_header(state: dict, now: float | None = None) -> str:
     lag = _rollout_figures(metrics)
     if lag:
         parts += [f"policy lag {lag[0]}", f"rollouts dropped {lag[1]}"]
+    inference = _inference_figures(metrics)
+    if inference:
+        parts.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
     diverging = divergence_text(metrics)
     if diverging:
         parts.append(diverging)
@@ -316,6 +319,16 @@ def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
     if lag is None:
         return None
     return f"{lag:.1f}", _format_count(metrics.get(M.ROLLOUTS_DROPPED, 0))
+
+
+def _inference_figures(metrics: dict) -> tuple[str, str, str, str] | None:
+    """(requests/s, mean batch, p50 ms, p99 ms) of the central inference servers as text; None without them."""
+    rate = _num(metrics.get(M.INFERENCE_REQUESTS_PER_S))
+    if rate is None:
+        return None
+    batch, p50, p99 = (_num(metrics.get(k)) or 0.0 for k in (M.INFERENCE_BATCH_SIZE_MEAN, M.INFERENCE_LATENCY_P50,
+                                                              M.INFERENCE_LATENCY_P99))
+    return format_rate(rate), f"{batch:.1f}", f"{p50:.2f}", f"{p99:.2f}"
 
 
 def _failure_text(state: dict) -> "Text | None":
@@ -377,6 +390,9 @@ def progress_line(state: dict, now: float | None = None) -> str:
     lag = _rollout_figures(metrics)
     if lag:
         parts += [f"lag={lag[0]}", f"dropped={lag[1]}"]
+    inference = _inference_figures(metrics)
+    if inference:
+        parts += [f"inference={inference[0]}/s", f"batch={inference[1]}", f"p99={inference[3]}ms"]
     diverging = divergence_text(metrics)
     if diverging:
         parts.append(diverging)

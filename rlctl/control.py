@@ -17,7 +17,7 @@ from rlctl import metric_names as M
 
 KINDS = frozenset({"hello", "heartbeat"})
 # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
-SENDER = re.compile(r"(collector|evaluator|replay|learner)-([0-9]{1,6})")
+SENDER = re.compile(r"(collector|evaluator|replay|learner|inference)-([0-9]{1,6})")
 MAX_METRICS = 256
 MAX_KEY_CHARS = 128
 MAX_TEXT_CHARS = 256

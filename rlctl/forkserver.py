@@ -31,7 +31,7 @@ import traceback
 
 from rlctl.rundir import pid_alive
 
-FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay")  # they import torch, gymnasium
+FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay", "rlctl.roles.inference")  # they import torch, gymnasium
 FD_ENV = "RLCTL_FORKSERVER_FD"
 READY_TIMEOUT_S = 60.0
 

@@ -19,6 +19,7 @@ SECTIONS = [
     ("[model]", spec.ModelSpec, ()),
     ("[replay]", spec.ReplaySpec, ()),
     ("[topology]", spec.TopologySpec, ()),
+    ("[inference]", spec.InferenceSpec, ()),
     ("[evaluator]", spec.EvaluatorSpec, ()),
     ("[logging]", spec.LoggingSpec, ()),
     ("[network]", spec.NetworkSpec, ()),

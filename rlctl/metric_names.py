@@ -53,6 +53,19 @@ COLLECTOR_SENT = "collector/sent"
 EPISODE_RETURNS = "episode_returns"  # lists of the episodes that ended since the last heartbeat
 EPISODE_LENGTHS = "episode_lengths"
 
+# Central inference: collectors of central jobs, and the inference servers (the hub: sums of rates, the largest
+# latencies, the mean batch).
+COLLECTOR_TORCH_LOADED = "collector/torch_loaded"  # 1 if torch is imported in the collector (never, in central mode)
+COLLECTOR_INFERENCE_MS = "collector/inference_ms"  # mean round trip of a request for actions, as the collector sees it
+INFERENCE_BATCH_SIZE_MEAN = "inference/batch_size_mean"  # requests (collector steps) per forward
+INFERENCE_LATENCY_P50 = "inference/latency_ms_p50"  # from a request's arrival to its answer
+INFERENCE_LATENCY_P99 = "inference/latency_ms_p99"
+INFERENCE_REQUESTS_PER_S = "inference/requests_per_s"
+INFERENCE_UNDELIVERABLE = "inference/undeliverable"  # answers to collectors that were gone (killed mid-request)
+INFERENCE_RESENT = "inference/resent"  # answers sent again to a collector that asked again
+INFERENCE_SESSIONS = "inference/sessions"  # collector sessions held (one per collector process seen)
+INFERENCE_WEIGHT_VERSION = "inference/weight_version"
+
 # Evaluator.
 EVAL_RETURN_MEAN = "eval/return_mean"
 EVAL_RETURN_MIN = "eval/return_min"

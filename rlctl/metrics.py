@@ -80,6 +80,16 @@ class MetricsHub:
         versions = [float(m[M.COLLECTOR_WEIGHT_VERSION]) for m in collectors if M.COLLECTOR_WEIGHT_VERSION in m]
         if versions and M.VERSION in learner:
             out[M.COLLECTOR_WEIGHT_VERSION_LAG] = float(learner[M.VERSION]) - sum(versions) / len(versions)
+        servers = self._of("inference-")
+        for key, combine in ((M.INFERENCE_REQUESTS_PER_S, sum), (M.INFERENCE_LATENCY_P50, max),
+                             (M.INFERENCE_LATENCY_P99, max), (M.INFERENCE_UNDELIVERABLE, sum)):
+            vals = [float(m[key]) for m in servers if key in m]
+            if vals:
+                out[key] = combine(vals)
+        if servers and out.get(M.INFERENCE_REQUESTS_PER_S):  # requests per forward over all servers
+            forwards = sum(float(m.get(M.INFERENCE_REQUESTS_PER_S, 0)) / float(m[M.INFERENCE_BATCH_SIZE_MEAN])
+                           for m in servers if m.get(M.INFERENCE_BATCH_SIZE_MEAN))
+            out[M.INFERENCE_BATCH_SIZE_MEAN] = out[M.INFERENCE_REQUESTS_PER_S] / forwards if forwards else 0.0
         evaluator = self._of("evaluator-")
         for key in (M.EVAL_RETURN_MEAN, M.EVAL_LENGTH_MEAN, M.EVAL_VERSION, M.EVAL_STREAK):
             vals = [float(m[key]) for m in evaluator if key in m]

@@ -20,7 +20,10 @@ ROLE_MODULES = {
     "replay": "rlctl.roles.replay",
     "collector": "rlctl.roles.collector",
     "evaluator": "rlctl.roles.evaluator",
+    "inference": "rlctl.roles.inference",
 }
+# With central inference collectors run this module instead: it steps envs only and imports no torch.
+CENTRAL_COLLECTOR_MODULE = "rlctl.roles.central_collector"
 # Roles the supervisor does not restart: learner ranks are restarted by torchrun (topology.learner_max_restarts),
 # and the end of torchrun ends the run. The others are restarted up to topology.max_restarts within a window.
 CRITICAL_ROLES = frozenset({"learner"})
@@ -82,7 +85,7 @@ class LaunchPlan:
 def ports_needed(spec: JobSpec) -> int:
     """Size of the job's contiguous port range."""
     rollout_ports = 0 if spec.algo.uses_replay else spec.learner_ranks
-    return 3 + 2 * spec.replay_shard_count + rollout_ports + 1
+    return 3 + 2 * spec.replay_shard_count + rollout_ports + spec.inference_server_count + 1
 
 
 def default_base_port(spec: JobSpec) -> int:
@@ -169,6 +172,9 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     learner_nodes = [h for h in hosts if h.learner]
     rollout_ports = [] if spec.algo.uses_replay else [next(port) for _ in range(spec.learner_ranks)]
     node_procs = spec.learner_node_procs
+    # Central inference: servers on the learner hosts, each with its request port; collector c asks server c % n.
+    servers = [h for h in learner_nodes for _ in range(spec.inference_server_count // len(learner_nodes))]
+    inference_ports = [next(port) for _ in servers]
     # The supervisor's control socket lives on the launching machine.
     endpoints: dict[str, object] = {
         "control": f"tcp://127.0.0.1:{control_port}",
@@ -176,6 +182,8 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         "rendezvous": f"{addr(head)}:{rdzv_port}",
         "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
     }
+    if servers:
+        endpoints["inference"] = [f"tcp://{addr(h)}:{p}" for h, p in zip(servers, inference_ports)]
     if rollout_ports:
         endpoints["rollouts"] = [f"tcp://{addr(learner_nodes[spec.learner_node_of(r)])}:{p}"
                                  for r, p in enumerate(rollout_ports)]
@@ -190,13 +198,15 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     }
     procs: list[ProcessSpec] = []
     # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.weights), when there are any.
-    board = weight_board_file(run_id, run_dir, board_token) if head.collectors or head.evaluator else None
+    # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
+    subscribers = {"evaluator", "inference"} if servers else {"evaluator", "collector"}
+    board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
         name = f"{role}-{rank}"
         env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
                "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":"))}
-        if board and h is head and role in ("learner", "collector", "evaluator"):
+        if board and h is head and (role == "learner" or role in subscribers):
             env["RLCTL_WEIGHT_BOARD"] = board
         if not all_local:
             env["RLCTL_ADVERTISE"] = addr(h)  # learners pick the network interface for gloo/nccl from it
@@ -234,8 +244,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     evaluators = [h for h in hosts if h.evaluator]
     for rank, h in enumerate(evaluators):
         add("evaluator", rank, h, ["{python}", "-m", ROLE_MODULES["evaluator"]], {})
+    for rank, (h, p) in enumerate(zip(servers, inference_ports)):
+        add("inference", rank, h, ["{python}", "-m", ROLE_MODULES["inference"]],
+            {"inference": f"tcp://{_bind(h, all_local)}:{p}"})
+    collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES["collector"]
     for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
-        add("collector", rank, h, ["{python}", "-m", ROLE_MODULES["collector"]], {})
+        add("collector", rank, h, ["{python}", "-m", collector_module], {})
 
     host_rows = [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": addr(h),
                   "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,

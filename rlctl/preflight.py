@@ -15,7 +15,7 @@ from rlctl.plan import LaunchPlan, placement
 from rlctl.spec import HostSpec, JobSpec
 
 PREFLIGHT_TIMEOUT_S = 30.0
-TORCH_ROLES = frozenset({"learner", "collector", "evaluator"})
+TORCH_ROLES = frozenset({"learner", "collector", "evaluator", "inference"})
 
 
 def host_ports(plan: LaunchPlan, host: str) -> list[int]:
@@ -53,7 +53,9 @@ def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) 
 def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIMEOUT_S) -> list[str]:
     """Check every remote host in parallel; one message per failing host (empty when all are fit)."""
     remote = [h for h in placement(spec) if not h.is_local]
-    roles = {h.name: {p.role for p in plan.processes if p.host == h.name} for h in remote}
+    # Collectors of central inference load no torch: a host of only those needs none.
+    roles = {h.name: {p.role for p in plan.processes if p.host == h.name
+                      and not (p.role == "collector" and spec.central_inference)} for h in remote}
 
     def args(h: HostSpec) -> list[str]:
         bind = h.advertise_address or "0.0.0.0"

@@ -199,8 +199,10 @@ class TopologySpec(Section):
     """Replay shards; default one per learner rank."""
     evaluator: bool = True
     """Run an evaluator process."""
-    inference: Literal["local"] = "local"
-    """`local`: collectors run the policy themselves."""
+    inference: Literal["local", "central"] = "local"
+    """`local`: collectors run the policy themselves. `central` (SEED RL style): collectors only step their envs and
+    ask an inference server on a learner host for actions; the servers batch many collectors' requests into one
+    forward, keep the experience and send it on ([inference] sets them up)."""
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     """Restarts allowed per collector, evaluator or replay shard within `restart_window_s` before the run fails;
     each waits twice as long as the one before (from `restart_backoff_s`)."""
@@ -213,6 +215,21 @@ class TopologySpec(Section):
     past this many the run fails."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
+
+
+class InferenceSpec(Section):
+    """Central inference servers (`topology.inference = "central"`)."""
+
+    servers_per_host: Annotated[int, Field(ge=1, le=64)] = 1
+    """Inference servers on each learner host; collector c asks server c mod (all servers). On a GPU host give one
+    per GPU (server i runs on cuda:i mod the GPUs there)."""
+    max_batch: Annotated[int, Field(ge=0, le=65536)] = 0
+    """A batch closes once it holds this many requests (one per collector step, all of that collector's envs);
+    0: no cap. It also closes as soon as every collector the server is serving has asked."""
+    deadline_ms: Annotated[float, Field(gt=0, le=10_000)] = 2.0
+    """A batch closes this long after its first request however few joined: the most a request waits for others."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the servers run the policy: `auto` = a GPU where present, else the CPU."""
 
 
 class EvaluatorSpec(Section):
@@ -333,6 +350,7 @@ class JobSpec(Section):
     model: ModelSpec = ModelSpec()
     replay: ReplaySpec = ReplaySpec()
     topology: TopologySpec = TopologySpec()
+    inference: InferenceSpec = InferenceSpec()
     evaluator: EvaluatorSpec = EvaluatorSpec()
     logging: LoggingSpec = LoggingSpec()
     network: NetworkSpec = NetworkSpec()
@@ -444,11 +462,22 @@ class JobSpec(Section):
         return sum(h.collectors for h in self.hosts) if self.hosts else self.topology.collectors
 
     @property
+    def central_inference(self) -> bool:
+        """Collectors ask inference servers for actions (SEED RL style) instead of running the policy."""
+        return self.topology.inference == "central"
+
+    @property
+    def inference_server_count(self) -> int:
+        """Inference servers in all: `inference.servers_per_host` on each learner host (0 with local inference)."""
+        return len(self.learner_node_procs) * self.inference.servers_per_host if self.central_inference else 0
+
+    @property
     def port_count(self) -> int:
         """Size of the job's contiguous port range (rlctl.plan.ports_needed; a test keeps the two equal): control,
-        weights and rendezvous, two per replay shard, one per learner rank for rollouts, and one more."""
+        weights and rendezvous, two per replay shard, one per learner rank for rollouts, one per inference server,
+        and one more."""
         rollout_ports = 0 if self.algo.uses_replay else self.learner_ranks
-        return 3 + 2 * self.replay_shard_count + rollout_ports + 1
+        return 3 + 2 * self.replay_shard_count + rollout_ports + self.inference_server_count + 1
 
 
 def env_id_problem(env_id: str) -> str | None:

@@ -43,7 +43,7 @@ SSH_FAILED = 255
 SESSIONS_OPENING_PER_HOST = 8
 SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds back the host's next ones
 STOP_GRACE_S = 20.0
-BINDING_ROLES = frozenset({"learner", "replay"})  # processes that bind sockets, and so hold the server secret
+BINDING_ROLES = frozenset({"learner", "replay", "inference"})  # processes that bind sockets, and so hold the server secret
 MAX_BACKOFF_S = 30.0
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
@@ -51,6 +51,7 @@ RATE_KEYS = {  # the one figure shown per process in the live table
     "learner": (M.SAMPLES_PER_S, "samples/s"),
     "replay": (M.REPLAY_INSERT_PER_S, "inserts/s"),
     "evaluator": (M.EVAL_RETURN_MEAN, "eval return"),
+    "inference": (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
 }
 
 

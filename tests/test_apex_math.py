@@ -464,7 +464,7 @@ def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chu
 @given(st.integers(1, 4), st.lists(st.integers(1, 9), min_size=1, max_size=8), st.integers(0, 2**31 - 1))
 def test_episode_tracker_blocks_agree_with_per_step_accounting(num_envs, blocks, seed):
     from rlctl.envs import autoreset_valid
-    from rlctl.roles.collector import EpisodeTracker
+    from rlctl.roles.collector_report import EpisodeTracker
 
     rng = np.random.default_rng(seed)
     steps = sum(blocks)

@@ -120,7 +120,9 @@ class ActorCore:
     """Acting and cutting experience for one collector (its vector env's every slot).
 
     The shell calls `begin(version, serial)` before a block (weights only change between blocks), then per vector step
-    `act(obs)` and `record(...)` until record returns True, then `take()`. It runs under torch.no_grad.
+    `act(obs)` and `record(...)` until record returns True, then `take()`. It runs under torch.no_grad. `act` is
+    split in three (`step_state`, `forward`, `act_on`) so that an inference server can run one forward for many
+    collectors' cores (central inference); the core itself does not know which of the two drives it.
     """
 
     kind = "experience"  # message kind of what take() returns
@@ -143,7 +145,23 @@ class ActorCore:
         return True
 
     def act(self, obs: np.ndarray) -> np.ndarray:
-        """The env actions for one vector step."""
+        """The env actions for one vector step: `forward` over this collector's envs, then `act_on`."""
+        return self.act_on(obs, self.forward(self.setup.model, torch.from_numpy(obs), *self.step_state()))
+
+    def step_state(self) -> tuple[torch.Tensor, ...]:
+        """Recurrent cores: the state each env slot acts from at this step (episode starts reset), [n_envs, ...]
+        tensors that `forward` takes after the observations; () for feed-forward ones."""
+        return ()
+
+    @staticmethod
+    def forward(model: nn.Module, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The policy's outputs for a batch of rows, each [rows, ...]: one collector's envs, or in central inference
+        several collectors' requests concatenated (rlctl.roles.inference), split again for each one's `act_on`."""
+        raise NotImplementedError
+
+    def act_on(self, obs: np.ndarray, outputs: tuple[torch.Tensor, ...]) -> np.ndarray:
+        """This collector's env actions from its rows of `forward`'s outputs (CPU tensors): exploration, and what
+        to keep for `record`."""
         raise NotImplementedError
 
     def record(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,

@@ -63,7 +63,7 @@ class RoleContext:
     @property
     def seed(self) -> int:
         """This process's seed, derived from the job seed so processes differ but runs repeat."""
-        return self.job.job.seed * 1000 + {"learner": 0, "replay": 100, "collector": 200, "evaluator": 900}[self.role] + self.rank
+        return self.job.job.seed * 1000 + {"learner": 0, "replay": 100, "collector": 200, "inference": 300, "evaluator": 900}[self.role] + self.rank
 
 
 def _weight_board(path: str | None) -> str | None:

@@ -50,9 +50,14 @@ class ApexActor(ActorCore):
         """One line for the log."""
         return f"eps {self.eps.min():.4f}..{self.eps.max():.4f}"
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions over Q(obs)."""
-        self.q = self.model(torch.from_numpy(obs))
+    @staticmethod
+    def forward(model, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor]:
+        """Q(obs)."""
+        return (model(obs),)
+
+    def act_on(self, obs: np.ndarray, outputs: tuple[torch.Tensor, ...]) -> np.ndarray:
+        """Epsilon-greedy actions over the Q-values (kept for the initial priorities)."""
+        self.q = outputs[0]
         return self.explore(self.q)
 
     def record(self, obs, actions, rewards, next_obs, terminated, truncated) -> bool:

@@ -61,6 +61,7 @@ class RolloutActor(ActorCore):
         super().__init__(setup)
         job, info = setup.job, setup.info
         self.model: ActorCritic = setup.model
+        self.device = next(self.model.parameters()).device  # an inference server's may be a GPU
         self.T, self.n_envs, self.info = job.algorithm.rollout_len, setup.num_envs, info
         self.synchronous = job.algo.synchronous
         self.low = None if info.discrete else np.asarray(info.action_low, np.float32).reshape(info.action_shape)
@@ -78,10 +79,15 @@ class RolloutActor(ActorCore):
         self.arrays = RolloutBuffer(self.T, self.n_envs, self.info).arrays
         return True
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
+    @staticmethod
+    def forward(model, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Sampled actions, their log-probabilities and the values."""
+        return model.act(obs)
+
+    def act_on(self, obs: np.ndarray, outputs: tuple[torch.Tensor, ...]) -> np.ndarray:
         """Sampled actions (clipped to a Box's bounds for the env; the sample itself is what is recorded)."""
         a, t = self.arrays, self.t
-        actions, logp, value = self.model.act(torch.from_numpy(obs))
+        actions, logp, value = outputs
         act_np = actions.numpy()
         a["obs"][t] = obs
         a["action"][t] = act_np
@@ -99,7 +105,7 @@ class RolloutActor(ActorCore):
         if t < self.T:
             return False
         a["obs"][t] = next_obs
-        a["value"][t] = self.model.value(torch.from_numpy(next_obs)).numpy()
+        a["value"][t] = self.model.value(torch.from_numpy(next_obs).to(self.device)).cpu().numpy()
         np.logical_or(a["done"], a["terminated"], out=a["done"])
         a["valid"][:] = autoreset_valid(a["done"], self.prev_done)
         self.prev_done = a["done"][-1].copy()

@@ -42,7 +42,9 @@ class R2D2Actor(ActorCore):
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
         self.model: RecurrentQNetwork = setup.model
         self.cutter = sequence_cutter(setup.job, info, n_envs)
-        self.state = self.model.initial_state(n_envs)
+        # On the CPU, where record() stores it; an inference server moves it to its device for the forward.
+        h, c = self.model.initial_state(n_envs)
+        self.state = (h.cpu(), c.cpu())
         self.before = self.state  # the state each env acted from at the current step (stored with sequences)
         self.q: torch.Tensor | None = None
         self.prev_done = np.zeros(n_envs, dtype=bool)
@@ -58,13 +60,24 @@ class R2D2Actor(ActorCore):
         """One line for the log."""
         return f"eps {self.eps.min():.4f}..{self.eps.max():.4f}"
 
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions over Q(obs, state); the state moves on."""
+    def step_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each env's (h, c) for this step, zero where the last step reset the env."""
         if self.reset_next.any():
             # These envs were reset by the last step (NEXT_STEP autoreset): obs starts a new episode.
             self.state = self.model.reset_state(self.state, self.reset_next)
         self.before = self.state
-        self.q, self.state = self.model.step(torch.from_numpy(obs), self.state)
+        return self.state
+
+    @staticmethod
+    def forward(model, obs: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Q(obs, state) and the state after the step."""
+        q, (h, c) = model.step(obs, (state[0], state[1]))
+        return q, h, c
+
+    def act_on(self, obs: np.ndarray, outputs: tuple[torch.Tensor, ...]) -> np.ndarray:
+        """Epsilon-greedy actions over the Q-values; the state moves on."""
+        self.q, h, c = outputs
+        self.state = (h, c)
         return self.explore(self.q)
 
     def record(self, obs, actions, rewards, next_obs, terminated, truncated) -> bool:
