@@ -57,6 +57,7 @@ EPISODE_LENGTHS = "episode_lengths"
 # latencies, the mean batch).
 COLLECTOR_TORCH_LOADED = "collector/torch_loaded"  # 1 if torch is imported in the collector (never, in central mode)
 COLLECTOR_INFERENCE_MS = "collector/inference_ms"  # mean round trip of a request for actions, as the collector sees it
+COLLECTOR_STALE_ANSWERS = "collector/stale_answers"  # second answers to a request sent again, dropped unread
 INFERENCE_BATCH_SIZE_MEAN = "inference/batch_size_mean"  # requests (collector steps) per forward
 INFERENCE_LATENCY_P50 = "inference/latency_ms_p50"  # from a request's arrival to its answer
 INFERENCE_LATENCY_P99 = "inference/latency_ms_p99"

@@ -80,6 +80,10 @@ class MetricsHub:
         versions = [float(m[M.COLLECTOR_WEIGHT_VERSION]) for m in collectors if M.COLLECTOR_WEIGHT_VERSION in m]
         if versions and M.VERSION in learner:
             out[M.COLLECTOR_WEIGHT_VERSION_LAG] = float(learner[M.VERSION]) - sum(versions) / len(versions)
+        for key in (M.COLLECTOR_TORCH_LOADED, M.COLLECTOR_STALE_ANSWERS):  # central inference: any collector's
+            vals = [int(m[key]) for m in collectors if key in m]
+            if vals:
+                out[key] = max(vals) if key == M.COLLECTOR_TORCH_LOADED else sum(vals)
         servers = self._of("inference-")
         for key, combine in ((M.INFERENCE_REQUESTS_PER_S, sum), (M.INFERENCE_LATENCY_P50, max),
                              (M.INFERENCE_LATENCY_P99, max), (M.INFERENCE_UNDELIVERABLE, sum)):

@@ -152,6 +152,24 @@ def test_apex_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
     assert res["return_mean"] >= 400, res
 
 
+def test_central_inference_with_collectors_on_another_host_solves_cartpole(lab, tmp_path):
+    """SEED IMPALA with the learner and its inference server on h1 and both collectors on h2: requests go host to
+    host (h2 -> h1's own address), never through the launching machine, and the collectors load no torch there."""
+    job = spread_job(lab, tmp_path, "seed-impala", {0: {"learner": True}, 1: {"collectors": 2}})
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
+    state, run_dir = finished_state(runs)
+    assert state["exit_reason"].startswith("charts/episode_return_mean"), state["exit_reason"]
+    assert {p["name"]: p["host"] for p in state["processes"]} == {
+        "learner-0": "h1", "inference-0": "h1", "collector-0": "h2", "collector-1": "h2"}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    [endpoint] = plan["endpoints"]["inference"]
+    assert endpoint.startswith(f"tcp://{lab.hosts[0].address}:"), endpoint
+    m = state["metrics"]
+    assert m["collector/torch_loaded"] == 0 and m["inference/batch_size_mean"] > 1.0 and m["net/dropped"] == 0
+    assert "actions from " + endpoint in (run_dir / "logs" / "collector-1.log").read_text()
+
+
 def test_two_learner_nodes_train_in_lockstep_over_ddp(lab, tmp_path):
     """Two hosts, one torchrun node each, DDP (gloo) across them: identical parameters after every round."""
     job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"learner": True, "collectors": 1}},

@@ -159,7 +159,9 @@ class InferenceServer:
         now = time.monotonic()
         s = self.sessions.get(req.collector)
         if s is None or s.token != req.token:
-            if s is not None:
+            if s is not None:  # that collector was restarted: its old session ends here
+                print(f"{self.rc.name}: {s.name} started a new session at request {req.seq} (the last one ended at "
+                      f"request {s.next_seq - 1})", flush=True)
                 self.forget(s)
             s = self.sessions[req.collector] = CollectorSession(req.collector, req.token, self.new_core(req.collector),
                                                                 req.seq)
