@@ -1,6 +1,6 @@
 """Central (SEED RL style) inference against local inference: env steps/s and the server's latency, by collectors.
 
-    python bench/inference.py [--collectors 1,4,16] [--envs 2] [--window 5] [--warmup 2] [--device cpu]
+    python bench/inference.py [--collectors 1,4,16] [--envs 2] [--window 5] [--warmup 2] [--device cpu] [--hidden 512,512]
 
 For each number of collector processes N the bench runs the same N collectors twice, each with `--envs` CartPole-v1
 envs and the model and algorithm of jobs/apex.toml (the shipped Ape-X job; its actor core cuts n-step transitions
@@ -17,6 +17,7 @@ answer) and the replay shard's experience PULL, which drains everything as it co
 (both modes act on the initial network), so neither pays for weight loads. After `--warmup` seconds, the rates are
 taken over `--window` seconds from the heartbeats' counters. Actions/s = env steps/s (one action per env step).
 
+`--hidden` widens the Q-network (the forward that central inference batches grows; the messages do not).
 The crossover is the smallest N where central beats local in env steps/s on this machine (None if it never does).
 On a machine with a GPU the central rows run again with the server on the GPU (`central_gpu_*` keys).
 
@@ -78,6 +79,8 @@ def measure(mode: str, collectors: int, envs: int, args, device: str = "cpu") ->
                      "topology": {"collectors": collectors, "inference": "central" if central else "local"},
                      "logging": {"metrics_interval_s": METRICS_INTERVAL_S},
                      "inference": {"device": device}}
+        if args.hidden:
+            overrides["model"] = {"hidden": [int(w) for w in args.hidden.split(",")]}
         job = H.write_job(tmp, overrides)
         endpoints, binds = H.make_endpoints(1)
         [inference_port] = H.free_ports(1)
@@ -104,13 +107,17 @@ def measure(mode: str, collectors: int, envs: int, args, device: str = "cpu") ->
             for name in names:
                 control.wait_beats(name, 2, 120, procs)
             time.sleep(args.warmup)
+            cpu0 = [H.process_cpu_s(p.pid) for p in procs]
             t0 = time.monotonic()
             time.sleep(args.window)
             t1 = time.monotonic()
+            cpu = [(H.process_cpu_s(p.pid) - c) / (t1 - t0) for p, c in zip(procs, cpu0)]
             for p in procs:
                 p.check()
             steps = sum(control.rate(f"collector-{i}", M.COLLECTOR_ENV_STEPS, t0, t1)[0] for i in range(collectors))
-            out = {"steps_per_s": steps}
+            # CPU (cores busy) of the server and of all collectors together over the window.
+            out = {"steps_per_s": steps, "server_cpu": cpu[0] if central else 0.0,
+                   "collectors_cpu": sum(cpu[1:] if central else cpu)}
             if central:
                 values = {k: control.values("inference-0", k, t0, t1)
                           for k in (M.INFERENCE_LATENCY_P50, M.INFERENCE_LATENCY_P99, M.INFERENCE_BATCH_SIZE_MEAN,
@@ -142,13 +149,14 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--device", default="cpu", help="the server's device for the main rows")
+    ap.add_argument("--hidden", default="", help="hidden layer widths of the Q-network, e.g. 512,512 (default: the job's)")
     args = ap.parse_args()
     H.children.install()  # killed or failing: no collector or server outlives the bench
     counts = [int(x) for x in args.collectors.split(",")]
     devices = [args.device] + (["cuda"] if args.device == "cpu" and gpu_available() else [])
-    result: dict = {"bench": "inference", "envs_per_collector": args.envs}
+    result: dict = {"bench": "inference", "envs_per_collector": args.envs, "hidden": args.hidden or "job"}
     print(f"{'collectors':>10s} {'envs':>5s} {'local steps/s':>14s} {'central steps/s':>16s} {'ratio':>6s} "
-          f"{'batch':>6s} {'p50 ms':>7s} {'p99 ms':>7s} {'round trip ms':>14s}  server")
+          f"{'batch':>6s} {'p50 ms':>7s} {'p99 ms':>7s} {'round trip ms':>14s} {'CPU local/central+server':>25s}  server")
     crossover = None
     for n in counts:
         local = measure("local", n, args.envs, args)
@@ -165,7 +173,8 @@ def main() -> None:
                 crossover = n
             print(f"{n:>10d} {n * args.envs:>5d} {local['steps_per_s']:>14,.0f} {central['steps_per_s']:>16,.0f} "
                   f"{ratio:>6.2f} {central['batch']:>6.2f} {central['p50_ms']:>7.2f} {central['p99_ms']:>7.2f} "
-                  f"{central['round_trip_ms']:>14.2f}  {device}", flush=True)
+                  f"{central['round_trip_ms']:>14.2f} {local['collectors_cpu']:>11.2f} / "
+                  f"{central['collectors_cpu']:.2f} + {central['server_cpu']:.2f}  {device}", flush=True)
     result["crossover_collectors"] = crossover
     print(f"crossover (central beats local in env steps/s): {crossover or 'none'} of {counts} collectors per server "
           f"on this machine; GPU rows: {'measured' if len(devices) > 1 else 'no GPU here'}")
