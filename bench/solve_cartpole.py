@@ -4,11 +4,13 @@ Wall seconds are measured from starting a fresh process until it has stopped at 
 start-up included). Off-policy jobs are judged on a 10-episode greedy evaluation (training returns include
 exploration), on-policy ones on the mean of the last 20 training episodes. Median of --seeds seeds each.
 
-    python bench/solve_cartpole.py [--seeds 3] [--cap 300] [--only ppo,appo,impala,apex,r2d2,r2d2_plain,sb3_ppo,sb3_dqn]
+    python bench/solve_cartpole.py [--seeds 3] [--cap 300]
+        [--only ppo,appo,impala,apex,r2d2,r2d2_plain,seed_impala,seed_apex,seed_r2d2,sb3_ppo,sb3_dqn]
 
 Targets: ppo and appo <= 0.5x sb3 PPO's wall time, impala <= 1x, apex <= 1.5x and faster than sb3 DQN. `r2d2` is
 jobs/r2d2.toml, on CartPole with its velocities hidden (a harder, partially observed task; no target), and
-`r2d2_plain` the same job on plain CartPole-v1.
+`r2d2_plain` the same job on plain CartPole-v1. `seed_impala`, `seed_apex` and `seed_r2d2` are the shipped SEED jobs
+(jobs/seed-*.toml: central inference; seed_r2d2 on masked CartPole), no target.
 Start-up (`startup_s`) is measured from invoking `rlctl run` to a collector's first env step.
 
 Needs `pip install -e '.[bench]'` for the stable-baselines3 rows. Last line: one JSON object.
@@ -31,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _children as children  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+ROWS = ("ppo", "appo", "impala", "apex", "r2d2", "r2d2_plain", "seed_impala", "seed_apex", "seed_r2d2", "sb3_ppo",
+        "sb3_dqn")
 
 # rl-zoo3 hyperparams/ppo.yml and dqn.yml, CartPole-v1 entries.
 SB3_CHILD = r'''
@@ -95,10 +99,11 @@ def run_sb3(algo: str, seed: int, cap: float) -> dict:
 
 
 def job_text(name: str) -> str:
-    """The job file a bench row runs: jobs/<name>.toml, or (r2d2_plain) jobs/r2d2.toml without its mask."""
+    """The job file a bench row runs: jobs/<name>.toml, jobs/seed-<algo>.toml for seed_<algo>, or (r2d2_plain)
+    jobs/r2d2.toml without its mask."""
     if name == "r2d2_plain":
         return re.sub(r"(?m)^wrappers = .*\n", "", (REPO / "jobs" / "r2d2.toml").read_text())
-    return (REPO / "jobs" / f"{name}.toml").read_text()
+    return (REPO / "jobs" / f"{name.replace('seed_', 'seed-')}.toml").read_text()
 
 
 def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ...] = ()) -> dict:
@@ -176,7 +181,7 @@ def main() -> None:
                     help="comma-separated seeds instead of 1..--seeds; repeat one (1,1,1) to see how much runs of "
                          "the same seed differ (they do, by process timing)")
     ap.add_argument("--cap", type=float, default=300.0, help="seconds before a run counts as unsolved")
-    ap.add_argument("--only", default="ppo,appo,impala,apex,r2d2,r2d2_plain,sb3_ppo,sb3_dqn")
+    ap.add_argument("--only", default=",".join(ROWS))
     args = ap.parse_args()
     children.install()  # killed or failing: no rlctl run (nor its processes) or sb3 run outlives the bench
     which = args.only.split(",")
@@ -206,7 +211,7 @@ def main() -> None:
               + "  ".join(ratios))
     ppo_base = base.get("sb3_ppo", {}).get("wall_s")
     ratios = {f"{n}_vs_sb3_ppo": round(base[n]["wall_s"] / ppo_base, 3)
-              for n in ("ppo", "appo", "impala", "apex", "r2d2", "r2d2_plain")
+              for n in ROWS if not n.startswith("sb3_")
               if n in base and base[n]["wall_s"] and ppo_base}
     targets = {"ppo": 0.5, "appo": 0.5, "impala": 1.0, "apex": 1.5}
     for key, value in ratios.items():
