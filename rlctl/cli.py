@@ -206,9 +206,9 @@ def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[
 
 def _warn_machine(spec) -> None:
     """Say on stderr what this machine cannot run well (the job still runs)."""
-    from rlctl.plan import machine_warnings
+    from rlctl.plan import job_warnings, machine_warnings
 
-    for line in machine_warnings(spec, os.cpu_count() or 1):
+    for line in machine_warnings(spec, os.cpu_count() or 1) + job_warnings(spec):
         print(f"rlctl: warning: {line}", file=sys.stderr)
 
 

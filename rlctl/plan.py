@@ -141,6 +141,23 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
     return out
 
 
+def job_warnings(spec: JobSpec) -> list[str]:
+    """What in the job itself works against learning, each with its cause and a suggestion. Pure."""
+    algo = spec.algorithm
+    per_update = getattr(algo, "rollouts_per_update", None)
+    if per_update is None or spec.algo.synchronous:
+        return []
+    # While a collector takes one rollout, its rank receives one from each of its collectors and so makes this many
+    # updates: the lag a rollout arrives with, about.
+    per_rank = -(-spec.collector_count // spec.learner_ranks)
+    lag = per_rank / per_update(spec.env.envs_per_collector)
+    if lag <= algo.max_policy_lag:
+        return []
+    return [f"{per_rank} collectors per learner rank and {per_update(spec.env.envs_per_collector)} rollouts per update: "
+            f"rollouts arrive about {lag:.0f} versions old, past algorithm.max_policy_lag = {algo.max_policy_lag}, "
+            f"so most would be dropped; raise max_policy_lag to {int(lag + 0.999) + 2} or algorithm.batch_steps"]
+
+
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
               keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None,
               board_token: str = "") -> LaunchPlan:

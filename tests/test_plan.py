@@ -521,6 +521,24 @@ def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
     assert not any("RLCTL_WEIGHT_BOARD" in x.env for x in plan_of(no_local_subscriber).processes)
 
 
+def test_asynchronous_rollout_batches_keep_their_size_and_a_lag_past_the_bound_is_warned():
+    from rlctl.plan import job_warnings
+
+    appo = load_job(REPO / "jobs" / "appo.toml")
+    assert appo.algorithm.rollouts_per_update(8) == 2 and appo.algorithm.rollouts_per_update(1) == 16
+    assert job_warnings(appo) == []
+    wide = validate_job({"job": {"name": "w"}, "env": {"id": "CartPole-v1", "envs_per_collector": 8},
+                         "algorithm": {"name": "appo", "rollouts_per_batch": 1, "max_policy_lag": 4},
+                         "topology": {"collectors": 24}})
+    (warning,) = job_warnings(wide)
+    assert "rollouts arrive about 24 versions old, past algorithm.max_policy_lag = 4" in warning
+    # The shipped APPO job with 24 collectors x 1 env: batch_steps gathers 16 rollouts per update, lag about 1.5.
+    many = validate_job({**tomllib.loads((REPO / "jobs" / "appo.toml").read_text()),
+                         "topology": {"collectors": 24}, "env": {"id": "CartPole-v1", "envs_per_collector": 1}})
+    assert many.algorithm.rollouts_per_update(1) == 16 and job_warnings(many) == []
+    assert job_warnings(load_job(REPO / "jobs" / "ppo.toml")) == []
+
+
 def test_machine_warnings_name_the_cause_and_a_topology_that_fits():
     from rlctl.plan import machine_warnings
 

@@ -4,7 +4,8 @@
   flight, new priorities sent back;
 * `RolloutSource` (`rollouts`): this rank's PULL socket; collector c sends to rank c % ranks. Synchronous
   algorithms (PPO) take one rollout of the current version from each of the rank's collectors, older ones are
-  dropped and counted; asynchronous ones (APPO, IMPALA) take `rollouts_per_batch` within `max_policy_lag`.
+  dropped and counted; asynchronous ones (APPO, IMPALA) take `rollouts_per_update` (`batch_steps` env steps) within
+  `max_policy_lag`.
 
 Both expose `sock` (for the shell's poller), `take(version)` (a batch, or None if it is not complete yet, never
 blocking), `feedback(batch, result)` and `metrics()`.
@@ -189,7 +190,7 @@ class RolloutSource:
         self.device = device
         self.synchronous = job.algo.synchronous
         self.mine = {c for c in range(job.collector_count) if c % world == rank}
-        self.per_batch = len(self.mine) if self.synchronous else algo.rollouts_per_batch
+        self.per_batch = len(self.mine) if self.synchronous else algo.rollouts_per_update(job.env.envs_per_collector)
         self.max_lag = 0 if self.synchronous else algo.max_policy_lag
         self.got: dict[int, wire.Message] = {}  # the batch being gathered, by collector (synchronous) or arrival
         self.stale = 0

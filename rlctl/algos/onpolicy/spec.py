@@ -1,7 +1,7 @@
 """The `[algorithm]` sections of the rollout algorithms: `ppo`, `appo` and `impala`.
 
-Their data path (rollouts) reads `rollout_len` from every one of them, and `rollouts_per_batch` and
-`max_policy_lag` from the asynchronous ones.
+Their data path (rollouts) reads `rollout_len` from every one of them, and `rollouts_per_update` (from
+`batch_steps` or `rollouts_per_batch`) and `max_policy_lag` from the asynchronous ones.
 """
 
 from __future__ import annotations
@@ -11,6 +11,20 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rlctl.specbase import Coef, Discount, Fraction, LearningRate, PosInt, Section
+
+
+BatchSteps = Annotated[int, Field(ge=1, le=1 << 24)]
+
+
+class AsynchronousBatch:
+    """What the rollouts data path asks of an asynchronous algorithm's section (APPO, IMPALA)."""
+
+    def rollouts_per_update(self, envs_per_collector: int) -> int:
+        """Rollouts a learner rank trains on per update: `rollouts_per_batch` where given, else as many as hold
+        `batch_steps` env steps (at least one)."""
+        if self.rollouts_per_batch:
+            return self.rollouts_per_batch
+        return max(1, -(-self.batch_steps // (self.rollout_len * envs_per_collector)))
 
 
 class OnPolicySpec(Section):
@@ -56,7 +70,7 @@ class PPOSpec(OnPolicySpec):
     """Normalise advantages per minibatch."""
 
 
-class APPOSpec(PPOSpec):
+class APPOSpec(PPOSpec, AsynchronousBatch):
     """Asynchronous PPO: collectors never wait; the learner trains on whatever rollouts arrive within the lag bound."""
 
     name: Literal["appo"]  # type: ignore[assignment]
@@ -64,8 +78,11 @@ class APPOSpec(PPOSpec):
     """Passes over each batch of rollouts."""
     minibatches: Annotated[int, Field(ge=1, le=1 << 16)] = 1
     """Minibatches per epoch and learner rank."""
-    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
-    """Rollouts each learner rank trains on per update."""
+    batch_steps: BatchSteps = 512
+    """Env steps each learner rank trains on per update, gathered as whole rollouts (`rollout_len` x
+    `env.envs_per_collector` steps each): an update keeps its size when collectors or envs per collector change."""
+    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    """Rollouts per update and learner rank, whatever a rollout holds (instead of `batch_steps`)."""
     max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 10
     """Rollouts more than this many versions behind the learner are dropped (and counted)."""
     vtrace: bool = False
@@ -76,7 +93,7 @@ class APPOSpec(PPOSpec):
     """V-trace trace-cutting clip (c-bar)."""
 
 
-class IMPALASpec(OnPolicySpec):
+class IMPALASpec(OnPolicySpec, AsynchronousBatch):
     """IMPALA: actor-critic with V-trace targets computed on the learner from the behaviour log-probs."""
 
     name: Literal["impala"]
@@ -90,8 +107,11 @@ class IMPALASpec(OnPolicySpec):
     """`rmsprop` (as the IMPALA paper) or `adam`."""
     rmsprop_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.99
     """RMSProp smoothing constant."""
-    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] = 2
-    """Rollouts each learner rank trains on per update."""
+    batch_steps: BatchSteps = 512
+    """Env steps each learner rank trains on per update, gathered as whole rollouts (`rollout_len` x
+    `env.envs_per_collector` steps each): an update keeps its size when collectors or envs per collector change."""
+    rollouts_per_batch: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    """Rollouts per update and learner rank, whatever a rollout holds (instead of `batch_steps`)."""
     max_policy_lag: Annotated[int, Field(ge=0, le=1 << 20)] = 20
     """Rollouts more than this many versions behind the learner are dropped (and counted)."""
     rho_bar: Annotated[float, Field(gt=0, le=1e6)] = 1.0
