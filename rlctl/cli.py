@@ -284,7 +284,7 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
 
 @app.command()
 def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
-         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator)."),
+         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference)."),
          rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:

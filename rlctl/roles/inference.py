@@ -39,7 +39,7 @@ from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER, collector_index
 from rlctl.weights import WeightSubscriber
 
 ACTIVE_S = 1.0  # a collector heard from within this long is one a batch waits for (up to the deadline)
-SESSION_IDLE_S = 60.0  # a session silent this long is forgotten (its collector is gone)
+SESSION_IDLE_S = 60.0  # a session silent this long, with no request being served, is forgotten (its collector is gone)
 MAX_TOKEN = 64
 
 
@@ -271,7 +271,7 @@ class InferenceServer:
         batches = self.batches - self.last_batches
         requests = self.requests - self.last_requests
         lat = np.asarray(self.latencies) * 1000
-        for s in [s for s in self.sessions.values() if now - s.last_seen > SESSION_IDLE_S]:
+        for s in [s for s in self.sessions.values() if s.request is None and now - s.last_seen > SESSION_IDLE_S]:
             self.forget(s)
         self.control.heartbeat({
             M.INFERENCE_REQUESTS_PER_S: requests / dt, M.INFERENCE_BATCH_SIZE_MEAN: requests / batches if batches else 0.0,
