@@ -83,9 +83,8 @@ class LaunchPlan:
 
 
 def ports_needed(spec: JobSpec) -> int:
-    """Size of the job's contiguous port range."""
-    rollout_ports = 0 if spec.algo.uses_replay else spec.learner_ranks
-    return 3 + 2 * spec.replay_shard_count + rollout_ports + spec.inference_server_count + 1
+    """Size of the job's contiguous port range (JobSpec.port_count, which validation checks against 65535)."""
+    return spec.port_count
 
 
 def default_base_port(spec: JobSpec) -> int:
@@ -190,7 +189,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     rollout_ports = [] if spec.algo.uses_replay else [next(port) for _ in range(spec.learner_ranks)]
     node_procs = spec.learner_node_procs
     # Central inference: servers on the learner hosts, each with its request port; collector c asks server c % n.
-    servers = [h for h in learner_nodes for _ in range(spec.inference_server_count // len(learner_nodes))]
+    servers = [h for h in learner_nodes for _ in range(spec.inference.servers_per_host if spec.central_inference else 0)]
     inference_ports = [next(port) for _ in servers]
     # The supervisor's control socket lives on the launching machine.
     endpoints: dict[str, object] = {

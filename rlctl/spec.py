@@ -473,7 +473,7 @@ class JobSpec(Section):
 
     @property
     def port_count(self) -> int:
-        """Size of the job's contiguous port range (rlctl.plan.ports_needed; a test keeps the two equal): control,
+        """Size of the job's contiguous port range (rlctl.plan lays the ports out in this order): control,
         weights and rendezvous, two per replay shard, one per learner rank for rollouts, one per inference server,
         and one more."""
         rollout_ports = 0 if self.algo.uses_replay else self.learner_ranks

@@ -363,17 +363,23 @@ def test_replay_min_size_may_equal_capacity():
                                                 {"name": "b", "learner": True, "collectors": 3}]},
     {"hosts": [{"name": "a", "learner": True, "replay_shards": 3, "collectors": 1},
                {"name": "b", "replay_shards": 2, "collectors": 2}]},
+    {"topology": {"inference": "central"}},
+    {"algorithm": {"name": "impala"}, "topology": {"inference": "central"}, "inference": {"servers_per_host": 2},
+     "hosts": [{"name": "a", "learner": True, "collectors": 2}, {"name": "b", "learner": True, "collectors": 3}]},
 ])
 def test_port_count_is_what_the_plan_binds(variant):
-    from rlctl.plan import make_plan, ports_needed
+    from rlctl.plan import make_plan
 
     data = _job(**variant)
     if "hosts" in variant:
         data["topology"] = {k: v for k, v in data.get("topology", {}).items() if k not in spec_mod.HOST_COUNT_KEYS}
     spec = validate_job(data)
-    assert spec.port_count == ports_needed(spec)
     plan = make_plan(spec, "r", "/tmp/r", 40000)
     assert max(plan.ports()) < 40000 + spec.port_count
+    # Central inference: servers_per_host on each learner host, collector c asking server c % servers.
+    servers = [p for p in plan.processes if p.role == "inference"]
+    assert len(servers) == spec.inference_server_count == len(plan.endpoints.get("inference", []))
+    assert {p.host for p in servers} <= {h["name"] for h in plan.hosts if h["learner"]}
 
 
 def test_port_range_may_end_at_65535():
