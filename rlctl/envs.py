@@ -8,12 +8,17 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from rlctl.spec import EnvSpec
+from rlctl.spec import EnvSpec, register_env_packages
 
 
 def resolve_env_id(env_id: str) -> str:
-    """A registered id as is; an entry point `module:attr` registered once under a derived id."""
-    if ":" not in env_id or env_id in gym.registry:
+    """A registered id as is (ALE and MinAtar ids once their packages are imported); an entry point `module:attr`
+    registered once under a derived id."""
+    if ":" not in env_id:
+        if env_id not in gym.registry:
+            register_env_packages()
+        return env_id
+    if env_id in gym.registry:
         return env_id
     module, _, attr = env_id.partition(":")
     try:
@@ -35,11 +40,27 @@ def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.Vecto
     kwargs = dict(spec.kwargs)
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
+    wrappers = preset_wrappers(spec) + [_wrapper(w.name, w.kwargs) for w in spec.wrappers]
+    if spec.preset == "atari" and env_id.startswith("ALE/"):
+        kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself
     if mode == "auto":
-        native = gym.spec(env_id).vector_entry_point is not None and not spec.wrappers
+        native = gym.spec(env_id).vector_entry_point is not None and not wrappers
         mode = "vector_entry_point" if native else "sync"
-    wrappers = [_wrapper(w.name, w.kwargs) for w in spec.wrappers]
     return gym.make_vec(env_id, num_envs=num, vectorization_mode=mode, wrappers=wrappers or None, **kwargs)
+
+
+def preset_wrappers(spec: EnvSpec) -> list:
+    """The preset's wrappers (innermost first): `atari` is AtariPreprocessing, then FrameStackObservation."""
+    if spec.preset != "atari":
+        return []
+    a = spec.atari
+
+    def atari(env: gym.Env) -> gym.Env:
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=a.noop_max, frame_skip=a.frame_skip,
+                                              screen_size=a.screen_size, grayscale_obs=a.grayscale,
+                                              terminal_on_life_loss=a.terminal_on_life_loss, scale_obs=False)
+        return gym.wrappers.FrameStackObservation(env, a.frame_stack) if a.frame_stack > 1 else env
+    return [atari]
 
 
 def _wrapper(name: str, kwargs: dict):

@@ -45,7 +45,8 @@ def mlp(in_dim: int, hidden: Sequence[int], activation: str = "relu") -> tuple[n
 
 
 class QNetwork(nn.Module):
-    """MLP Q-network over flattened observations, dueling head optional."""
+    """Q-network: an MLP over flattened observations, or (`encoder = "conv"`) convolutions over images; dueling
+    head optional."""
 
     def __init__(
         self,
@@ -54,13 +55,17 @@ class QNetwork(nn.Module):
         hidden: Sequence[int] = (64, 64),
         activation: str = "relu",
         dueling: bool = True,
+        encoder: str = "mlp",
     ):
         super().__init__()
         self.obs_shape = tuple(int(d) for d in obs_shape)
         self.n_actions = int(n_actions)
         self.dueling = bool(dueling)
-        in_dim = math.prod(self.obs_shape)
-        self.trunk, width = mlp(in_dim, hidden, activation)
+        self.conv = ConvEncoder(self.obs_shape) if encoder == "conv" else None
+        if self.conv is not None:
+            self.trunk, width = nn.Sequential(), self.conv.out_dim
+        else:
+            self.trunk, width = mlp(math.prod(self.obs_shape), hidden, activation)
         if self.dueling:
             self.value_head = nn.Linear(width, 1)
             self.advantage_head = nn.Linear(width, self.n_actions)
@@ -69,8 +74,11 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Map observations [B, *obs_shape] to Q-values [B, n_actions]."""
-        param_dtype = next(self.parameters()).dtype
-        features = mlp_forward(self.trunk, obs.reshape(obs.shape[0], -1).to(param_dtype))
+        if self.conv is not None:
+            features = self.conv(obs)
+        else:
+            param_dtype = next(self.parameters()).dtype
+            features = mlp_forward(self.trunk, obs.reshape(obs.shape[0], -1).to(param_dtype))
         if not self.dueling:
             return linear(self.head, features)
         value = linear(self.value_head, features)
@@ -84,19 +92,30 @@ class QNetwork(nn.Module):
         return self(obs).argmax(1)
 
 
-class ConvEncoder(nn.Module):
-    """Nature-DQN convolutions over image observations, (H, W, C) or (C, H, W); uint8 pixels scaled to [0, 1]."""
+# Below this height or width the Nature-DQN stack does not fit; such inputs (MinAtar's 10 x 10) get MinAtar's own
+# network: one 3 x 3 convolution of 16 channels, then 128 units.
+SMALL_IMAGE = 36
 
-    def __init__(self, obs_shape: tuple[int, ...], out_dim: int = 512):
+
+class ConvEncoder(nn.Module):
+    """Convolutions over image observations, (H, W, C) or (C, H, W): Nature-DQN's for Atari-sized frames, MinAtar's
+    for small grids; uint8 pixels are scaled to [0, 1] here (on the device the network runs on), bools read as 0/1."""
+
+    def __init__(self, obs_shape: tuple[int, ...], out_dim: int | None = None):
         super().__init__()
         if len(obs_shape) != 3:
             raise ValueError(f"model.encoder = 'conv' needs image observations (H, W, C) or (C, H, W), got {obs_shape}")
         # Channels are the smallest axis at either end (gymnasium's image envs are HWC, wrappers often make CHW).
         self.channels_last = obs_shape[-1] < obs_shape[0]
         c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if self.channels_last else obs_shape
-        self.conv = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        if min(h, w) < SMALL_IMAGE:
+            self.conv = nn.Sequential(nn.Conv2d(c, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+            out_dim = out_dim or 128
+        else:
+            self.conv = nn.Sequential(
+                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+            out_dim = out_dim or 512
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, c, h, w)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, out_dim), nn.ReLU())

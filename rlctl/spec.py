@@ -94,6 +94,24 @@ class WrapperSpec(Section):
     """Keyword arguments after the env."""
 
 
+class AtariPresetSpec(Section):
+    """The `atari` preset's parameters: gymnasium's AtariPreprocessing, then FrameStackObservation."""
+
+    noop_max: Annotated[int, Field(ge=0, le=1000)] = 30
+    """Up to this many no-op actions after each reset (random starts)."""
+    frame_skip: Annotated[int, Field(ge=1, le=32)] = 4
+    """Emulator frames per env step (rewards summed, the last two frames max-pooled); the base env must skip none
+    (`*NoFrameskip-v4` ids, or `ALE/*` ids, which the preset gives `frameskip = 1`)."""
+    screen_size: Annotated[int, Field(ge=8, le=1024)] = 84
+    """Frames are resized to screen_size x screen_size."""
+    grayscale: bool = True
+    """Grayscale frames (one channel), else RGB."""
+    terminal_on_life_loss: bool = False
+    """End an episode at each lost life (as the DQN paper trained), not only at game over."""
+    frame_stack: Annotated[int, Field(ge=1, le=64)] = 4
+    """Frames stacked into one observation, oldest first: (frame_stack, H, W) uint8."""
+
+
 class EnvSpec(Section):
     """The environment every collector and the evaluator step."""
 
@@ -106,6 +124,12 @@ class EnvSpec(Section):
     """Sub-environments in each collector's vector env."""
     vectorization: Literal["auto", "vector_entry_point", "sync", "async"] = "auto"
     """`auto`: the env's native vectorized implementation where it has one, else `sync`."""
+    preset: Literal["none", "atari"] = "none"
+    """`atari`: the standard Atari preprocessing around every sub-env (no-op starts, frame skip with max-pooling,
+    84 x 84 grayscale, frame stacking; `[env.atari]` sets them), before `wrappers`. Needs `pip install -e
+    '.[atari]'` (ale-py, whose wheel ships the ROMs). Frames stay uint8 up to the network, which scales them."""
+    atari: AtariPresetSpec = AtariPresetSpec()
+    """Parameters of the `atari` preset."""
     max_episode_steps: PosInt | None = None
     """Time limit override (episodes cut here count as truncated, not terminated)."""
     wrappers: Annotated[list[WrapperSpec], Field(max_length=32)] = []
@@ -134,6 +158,9 @@ class EnvSpec(Section):
 
     @model_validator(mode="after")
     def _check_wrappers(self) -> "EnvSpec":
+        if self.preset != "none" and self.vectorization == "vector_entry_point":
+            raise ValueError(f"preset: {self.preset!r} wraps every sub-env, which a native vectorized env cannot have; "
+                             "use vectorization = \"auto\" (then \"sync\") or \"async\"")
         if self.wrappers and self.vectorization == "vector_entry_point":
             raise ValueError("wrappers: a native vectorized env cannot be wrapped per sub-env; use vectorization "
                              "= \"auto\" (then \"sync\") or \"async\"")
@@ -480,6 +507,28 @@ class JobSpec(Section):
         return 3 + 2 * self.replay_shard_count + rollout_ports + self.inference_server_count + 1
 
 
+# Packages that register gymnasium ids when imported (and the rlctl extra that installs each), by id namespace.
+ENV_PACKAGES = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
+ENV_EXTRAS = {ns: extra for ns, (_, extra) in ENV_PACKAGES.items()}
+
+
+def register_env_packages() -> None:
+    """Import the installed env packages that register gymnasium ids (ale-py, MinAtar); missing ones are skipped."""
+    import importlib
+
+    import gymnasium
+
+    for module, _ in ENV_PACKAGES.values():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        if module == "ale_py":
+            gymnasium.register_envs(mod)
+        elif "MinAtar/Breakout-v1" not in gymnasium.registry:
+            mod.register_envs()  # MinAtar registers its ids only when asked
+
+
 def env_id_problem(env_id: str) -> str | None:
     """Why a registered-style env id (no `module:` part) cannot be made, or None when gymnasium knows it.
 
@@ -491,8 +540,15 @@ def env_id_problem(env_id: str) -> str | None:
     except ImportError:  # pragma: no cover - a dependency; without it the env fails where it is made
         return None
     try:
-        gymnasium.spec(env_id)
+        try:
+            gymnasium.spec(env_id)
+        except Exception:
+            register_env_packages()  # ALE and MinAtar ids exist once their packages are imported
+            gymnasium.spec(env_id)
     except Exception:  # gymnasium.error.Error and kin: unregistered, malformed, unknown namespace or version
+        extra = ENV_EXTRAS.get(env_id.split("/")[0] if "/" in env_id else ("ALE" if "NoFrameskip" in env_id else ""))
+        if extra:
+            return f"not registered in gymnasium; its package is an extra: pip install -e '.[{extra}]'"
         hint = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
         if hint:
             return f"not registered in gymnasium; did you mean {hint[0]!r}?"

@@ -13,13 +13,12 @@ MIN_CHUNK_STEPS = 64
 
 
 def build_model(job, info) -> QNetwork:
-    """The dueling (or plain) MLP Q-network of an Ape-X job."""
+    """The dueling (or plain) Q-network of an Ape-X job: an MLP, or convolutions over images."""
     if not info.discrete:
         raise ValueError(f"{job.algorithm.name} needs a Discrete action space; {job.env.id} has a Box one "
                          "(use ppo, appo or impala)")
-    if job.model.encoder != "mlp":
-        raise ValueError(f"{job.algorithm.name} supports model.encoder = 'mlp' only")
-    return QNetwork(info.obs_shape, info.n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling)
+    return QNetwork(info.obs_shape, info.n_actions, job.model.hidden, job.model.activation, job.algorithm.dueling,
+                    job.model.encoder)
 
 
 class ApexActor(ActorCore):

@@ -1,0 +1,85 @@
+"""Image tasks: the Atari preset (ALE Pong) and MinAtar through the conv encoder, end to end with real processes.
+
+`.ci/run` installs the `atari` and `minatar` extras these need."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import torch
+
+from conftest import REPO, only_run, read_state, run_cli
+from rlctl.algos import build_model
+from rlctl.envs import make_vec_env, env_space_info
+from rlctl.spec import load_job, validate_job
+
+
+def _short(tmp_path, name: str, **replace: str):
+    text = (REPO / "jobs" / f"{name}.toml").read_text()
+    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?(?=^\[)", "[job.stop]\nenv_steps = {steps}\nwall_s = 240\n\n", text)
+    for key, value in replace.items():
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert n == 1, key
+    return text
+
+
+def test_atari_preset_gives_stacked_uint8_frames_and_the_nature_network():
+    job = load_job(REPO / "jobs" / "appo-pong.toml")
+    env = make_vec_env(job.env, num_envs=2)
+    try:
+        info = env_space_info(env)
+        obs, _ = env.reset(seed=3)
+        for _ in range(5):
+            obs, *_ = env.step(np.zeros(2, dtype=np.int64))
+    finally:
+        env.close()
+    assert info.obs_shape == (4, 84, 84) and info.obs_dtype == "uint8" and info.n_actions == 6
+    assert obs.dtype == np.uint8 and obs.shape == (2, 4, 84, 84) and obs.max() > 0
+    model = build_model(job, info)
+    conv = model.actor_body.conv
+    assert [m.kernel_size for m in conv if isinstance(m, torch.nn.Conv2d)] == [(8, 8), (4, 4), (3, 3)]
+    # Pixels are scaled on the network's side: the same frames as uint8 and as floats / 255 give the same output.
+    x = torch.from_numpy(obs)
+    assert torch.allclose(model(x)[0], model(x.float() / 255.0)[0], atol=1e-5)
+
+
+def test_minatar_gets_the_small_conv_and_apex_takes_images():
+    job = validate_job({"job": {"name": "m"}, "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 2},
+                        "algorithm": {"name": "apex"}, "model": {"encoder": "conv"}})
+    env = make_vec_env(job.env)
+    try:
+        info = env_space_info(env)
+        obs, _ = env.reset(seed=1)
+    finally:
+        env.close()
+    assert info.obs_shape == (10, 10, 4) and info.obs_dtype == "bool"
+    q = build_model(job, info)
+    assert [m.kernel_size for m in q.conv.conv if isinstance(m, torch.nn.Conv2d)] == [(3, 3)]
+    assert q(torch.from_numpy(obs)).shape == (2, 3)
+
+
+def test_a_missing_env_package_is_named_with_its_extra(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[job]\nname = "b"\n[env]\nid = "MinAtar/Nothing-v9"\n[algorithm]\nname = "appo"\n')
+    out = run_cli(["validate", str(bad)], expected_exit=2)
+    assert "env.id" in out.stderr and "not registered" in out.stderr
+
+
+def test_short_pong_appo_run_trains_end_to_end(tmp_path):
+    """A few thousand frames of the shipped Pong job (uint8 frames from emulator to learner): updates happen, losses
+    are finite, nothing is dropped on the way."""
+    job = tmp_path / "pong.toml"
+    job.write_text(_short(tmp_path, "appo-pong", collectors="1", envs_per_collector="4",
+                          batch_steps="128").replace("{steps}", "1500"))
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=300)
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
+    assert state["status"] == "finished" and state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    m = state["metrics"]
+    assert m["learner/updates"] >= 5 and np.isfinite(m["losses/policy_loss"]) and m["net/dropped"] == 0, m
+    assert m["charts/env_steps"] >= 1500
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["algorithm"] == "appo"
