@@ -14,7 +14,8 @@ from rlctl import spec
 SECTIONS = [
     ("[job]", spec.JobSection, ("stop",)),
     ("[job.stop]", spec.StopSpec, ()),
-    ("[env]", spec.EnvSpec, ()),
+    ("[env]", spec.EnvSpec, ("atari",)),
+    ("[env.atari]", spec.AtariPresetSpec, ()),
     *((f'[algorithm] name = "{name}"', model, ("name",)) for name, model in spec.ALGORITHM_SPECS.items()),
     ("[model]", spec.ModelSpec, ()),
     ("[replay]", spec.ReplaySpec, ()),
