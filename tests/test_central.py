@@ -34,13 +34,21 @@ def _start(tmp_path: Path, job: Path) -> tuple[Path, Path]:
 
 
 def _running(run_dir: Path) -> dict:
-    """The state once every process has said hello and collectors have stepped."""
-    def ready():
+    """The state once every process has said hello and collectors have stepped (failing at once, with what the run
+    says, if it ended instead)."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
         st = read_state(run_dir)
         procs = st.get("processes") or []
-        ok = procs and all(p["state"] == "running" for p in procs) and st["metrics"].get("charts/env_steps", 0) > 0
-        return st if ok else None
-    return wait_for(ready, 120, what="every process running and env steps made")
+        if st.get("status") in ("finished", "failed", "stopped"):
+            break
+        if procs and all(p["state"] == "running" for p in procs) and st["metrics"].get("charts/env_steps", 0) > 0:
+            return st
+        time.sleep(0.1)
+    logs = {p.name: p.read_text()[-1500:] for p in sorted((run_dir / "logs").glob("*.log"))}
+    raise AssertionError(f"not all running with env steps: status {st.get('status')}, {st.get('exit_reason')}, "
+                         f"{[(p['name'], p['state'], p.get('note')) for p in st.get('processes') or []]}, "
+                         f"metrics {st.get('metrics')}, logs {logs}")
 
 
 def _ended(run_dir: Path) -> dict:
