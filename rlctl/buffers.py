@@ -242,6 +242,10 @@ class PrioritizedReplay:
         self._tree = SumTree(capacity)
         self._rng = np.random.default_rng(seed)
 
+    def bytes_per_item(self) -> float:
+        """Memory the buffer reserves per transition slot: the record, its key and its share of the sum-tree."""
+        return self._record_dtype.itemsize + self._keys.itemsize + self._tree._tree.nbytes / self.capacity
+
     def layout(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Field name -> (per-item shape, dtype), as the buffer was built with."""
         return {name: (self._shapes[name], self._storage[name].dtype) for name in self._storage}
@@ -480,16 +484,18 @@ class PrioritizedReplay:
         return applied
 
 
-def save_snapshot(replay: PrioritizedReplay, path: str | Path) -> Path:
-    """Write `replay` to `path` as an uncompressed .npz, atomically and durably (the old file survives any failure)."""
+def save_snapshot(replay, path: str | Path) -> Path:
+    """Write `replay` (a PrioritizedReplay, or anything with its `snapshot_arrays`) to `path` as an uncompressed .npz, atomically and durably (the old file survives any failure)."""
     arrays = replay.snapshot_arrays()
     return replace_file(path, lambda f: np.savez(f, **arrays))
 
 
 def load_snapshot(
-    path: str | Path, capacity: int | None = None, *, max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES
-) -> PrioritizedReplay:
-    """Rebuild a buffer written by `save_snapshot`; SnapshotError if unreadable/invalid, FileNotFoundError if absent."""
+    path: str | Path, capacity: int | None = None, *, max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    replay_class=PrioritizedReplay,
+):
+    """Rebuild a buffer written by `save_snapshot` (through `replay_class.from_snapshot`); SnapshotError if
+    unreadable/invalid, FileNotFoundError if absent."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -512,7 +518,7 @@ def load_snapshot(
     except Exception as e:
         raise SnapshotError(f"{path}: cannot read snapshot: {type(e).__name__}: {e}") from e
     try:
-        return PrioritizedReplay.from_snapshot(arrays, capacity, max_bytes=max_bytes)
+        return replay_class.from_snapshot(arrays, capacity, max_bytes=max_bytes)
     except SnapshotError as e:
         raise SnapshotError(f"{path}: {e}") from None
 

@@ -77,6 +77,9 @@ class MetricsHub:
             vals = [float(m[key]) for m in shards if key in m]
             if vals:
                 out[key] = sum(vals)
+        frames = [float(m[M.REPLAY_FRAMES_PER_ITEM]) for m in shards if M.REPLAY_FRAMES_PER_ITEM in m]
+        if frames:
+            out[M.REPLAY_FRAMES_PER_ITEM] = max(frames)
         versions = [float(m[M.COLLECTOR_WEIGHT_VERSION]) for m in collectors if M.COLLECTOR_WEIGHT_VERSION in m]
         if versions and M.VERSION in learner:
             out[M.COLLECTOR_WEIGHT_VERSION_LAG] = float(learner[M.VERSION]) - sum(versions) / len(versions)

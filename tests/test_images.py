@@ -83,3 +83,23 @@ def test_short_pong_appo_run_trains_end_to_end(tmp_path):
     assert m["charts/env_steps"] >= 1500
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["algorithm"] == "appo"
+
+
+def test_short_pong_apex_run_stores_each_frame_once(tmp_path):
+    """Ape-X on the shipped Pong job: collectors send each frame once, the shard keeps it once and rebuilds the
+    stacks the learner trains on; nothing is dropped (a wrong stack layout would be)."""
+    job = tmp_path / "pong.toml"
+    job.write_text(_short(tmp_path, "apex-pong", collectors="1", envs_per_collector="4", capacity="4000",
+                          min_size="600", evaluator="false").replace("{steps}", "2000"))
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=300)
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
+    assert state["status"] == "finished" and state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    m = state["metrics"]
+    assert m["learner/updates"] >= 5 and np.isfinite(m["losses/td_loss"]) and m["net/dropped"] == 0, m
+    # 128-step chunks of 4 envs: each re-sends its 3-row carry and first stacks; Pong episodes are long.
+    assert 1.0 <= m["replay/frames_per_item"] < 1.1, m
+    log = (run_dir / "logs" / "replay-0.log").read_text()
+    kb = float(re.search(r"frames of 4-frame stacks kept once: ([\d.]+) KB per transition", log).group(1))
+    assert kb < 8.0, log

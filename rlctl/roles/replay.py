@@ -19,6 +19,7 @@ from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
 from rlctl.envs import SpaceInfo, probe_space_info
+from rlctl.frames import FrameReplay, frame_capacity, frame_stack_depth, parse_frame_items
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 MAX_SAMPLE = 1 << 16
@@ -34,7 +35,9 @@ class ReplayShard:
         # What one item is (an n-step transition, a sequence), from the env spaces: the only layout accepted.
         self.expected = {k: (tuple(shape), np.dtype(dt))
                          for k, (shape, dt) in rc.job.algo.load("actor").item_layout(rc.job, info).items()}
-        self.buffer: PrioritizedReplay | None = None
+        # Frame-stack observations (the atari preset) are stored one frame each (rlctl.frames).
+        self.frame_stack = frame_stack_depth(rc.job, info)
+        self.buffer: PrioritizedReplay | FrameReplay | None = None
         self.fields: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self.pending: deque[tuple[list, int]] = deque()
         self.dropped = 0
@@ -48,7 +51,8 @@ class ReplayShard:
             return
         started = time.monotonic()
         try:
-            buffer = load_snapshot(self.snapshot_path, self.replay_spec.capacity)
+            buffer = load_snapshot(self.snapshot_path, self.replay_spec.capacity,
+                                   replay_class=FrameReplay if self.frame_stack else PrioritizedReplay)
         except (SnapshotError, OSError) as exc:
             print(f"{self.rc.name}: cannot use {self.snapshot_path} ({exc}); starting empty", flush=True)
             return
@@ -57,11 +61,19 @@ class ReplayShard:
                   flush=True)
             return
         self.buffer, self.fields, self.snapshot_at = buffer, buffer.layout(), buffer.inserted
+        self.describe_memory()
         # The rate limit goes on from its balance point: samples owed for the inserts so far count as made.
         spi = self.replay_spec.samples_per_insert
         self.sampled = int(max(0, buffer.inserted - self.replay_spec.min_size) * spi)
         print(f"{self.rc.name}: loaded snapshot {self.snapshot_path}: {buffer.size} transitions (inserted "
               f"{buffer.inserted}) in {time.monotonic() - started:.2f}s", flush=True)
+
+    def describe_memory(self) -> None:
+        """One log line: what a transition costs in memory, and in all."""
+        per = self.buffer.bytes_per_item()
+        how = f"frames of {self.frame_stack}-frame stacks kept once" if self.frame_stack else "whole transitions"
+        print(f"{self.rc.name}: {how}: {per / 1024:.1f} KB per transition, {per * self.buffer.capacity / 2**30:.2f} "
+              f"GiB for {self.buffer.capacity}", flush=True)
 
     def snapshot(self) -> None:
         """Write the contents to this host's disk (durably: a kill leaves the previous snapshot)."""
@@ -83,24 +95,33 @@ class ReplayShard:
 
     def on_experience(self, msg: wire.Message) -> None:
         """Insert one collector batch; dropped and counted unless it is exactly the job's item layout (from the env
-        spaces, never from what arrives) with one finite-or-not 1-D float priority per item."""
+        spaces, never from what arrives; frame stacks as frames and stack starts) with one finite-or-not 1-D float
+        priority per item."""
         arrays = dict(msg.arrays)
         prio = arrays.pop("priority", None)
         if prio is None or prio.ndim != 1 or prio.dtype.kind != "f" or not 0 < len(prio) <= MAX_ITEMS:
             self.dropped += 1
             return
         n = len(prio)
-        if ({k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()} != self.expected
-                or any(a.ndim == 0 or len(a) != n for a in arrays.values())):
+        r = self.replay_spec
+        if self.frame_stack:
+            items = parse_frame_items(arrays, self.expected, n, frame_capacity(r.capacity, self.frame_stack))
+        elif ({k: (tuple(a.shape[1:]), a.dtype) for k, a in arrays.items()} == self.expected
+                and all(a.ndim > 0 and len(a) == n for a in arrays.values())):
+            items = arrays
+        else:
+            items = None
+        if items is None:
             self.dropped += 1
             return
         if self.buffer is None:
-            r = self.replay_spec
             self.fields = self.expected
-            self.buffer = PrioritizedReplay(r.capacity, self.expected, alpha=r.alpha, beta=r.beta,
-                                            beta_steps=r.beta_steps, seed=self.rc.seed)
+            kind = FrameReplay if self.frame_stack else PrioritizedReplay
+            self.buffer = kind(r.capacity, self.expected, alpha=r.alpha, beta=r.beta, beta_steps=r.beta_steps,
+                               seed=self.rc.seed)
+            self.describe_memory()
         prio = np.abs(np.nan_to_num(prio.astype(np.float64), nan=0.0, posinf=0.0))
-        self.buffer.add(arrays, prio)
+        self.buffer.add(items, prio)
 
     def ready(self) -> bool:
         """True once the shard holds enough to serve samples."""
@@ -176,8 +197,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         if control.due(now):
             inserted = shard.buffer.inserted if shard.buffer else 0
             dt = max(now - last_t, 1e-9)
+            frames = {M.REPLAY_FRAMES_PER_ITEM: shard.buffer.frames_per_item()} if isinstance(
+                shard.buffer, FrameReplay) else {}
             control.heartbeat({
-                M.REPLAY_SIZE: shard.buffer.size if shard.buffer else 0, M.REPLAY_INSERTED: inserted,
+                **frames, M.REPLAY_SIZE: shard.buffer.size if shard.buffer else 0, M.REPLAY_INSERTED: inserted,
                 M.REPLAY_INSERT_PER_S: (inserted - inserted_last) / dt,
                 M.REPLAY_SAMPLED_PER_S: (shard.sampled - sampled_last) / dt,
                 M.REPLAY_PENDING: len(shard.pending), M.NET_DROPPED: shard.dropped,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlctl.envs import autoreset_valid
+from rlctl.frames import frame_table
 
 
 def epsilon_ladder(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -146,10 +147,17 @@ class ChunkedNStep:
     With `n_actions`, `add` also takes the Q-values the actor acted on, and `take` adds Ape-X initial priorities
     |R + discount * max Q(s') - Q(s, a)| without another forward pass: every next observation is acted on one
     step later (also the final one, on the autoreset step), so a transition waits one row for its Q(s').
+
+    With `frame_stack` S (observations are S-frame stacks; needs `n_actions`), `take` sends each frame of the
+    chunk once: `frames` and, per transition, `obs_frame` / `next_frame`, where its stacks start in `frames`
+    (rlctl.frames), instead of `obs` / `next_obs`.
     """
 
     def __init__(self, num_envs: int, n: int, gamma: float, obs_shape: tuple[int, ...], obs_dtype=np.float32,
-                 chunk: int = 32, n_actions: int = 0):
+                 chunk: int = 32, n_actions: int = 0, frame_stack: int = 0):
+        if frame_stack and not n_actions:
+            raise ValueError("frame tables need n_actions (next observations are then rows of the chunk)")
+        self.frame_stack = int(frame_stack)
         self.num_envs, self.n, self.gamma, self.chunk = int(num_envs), int(n), float(gamma), int(chunk)
         self.lag = 1 if n_actions else 0
         rows = self.chunk + self.n - 1 + self.lag
@@ -220,14 +228,13 @@ class ChunkedNStep:
         discount = np.where(terminated, 0.0, self.gamma_powers[m_at])
         action = self.action.reshape(-1)[at]
         ret_at = ret.reshape(-1)[at]
-        flat_obs = (-1, *self.obs.shape[2:])
-        out = {
-            "obs": self.obs.reshape(flat_obs)[at],
-            "action": action,
-            "reward": ret_at.astype(np.float32),
-            "next_obs": self.next_obs.reshape(flat_obs)[at_next],
-            "discount": discount.astype(np.float32),
-        }
+        out = {"action": action, "reward": ret_at.astype(np.float32), "discount": discount.astype(np.float32)}
+        if self.frame_stack:
+            out["frames"], start = frame_table(self.obs[:rows])
+            out["obs_frame"], out["next_frame"] = start[at].astype(np.int32), start[at_next].astype(np.int32)
+        else:
+            flat_obs = (-1, *self.obs.shape[2:])
+            out["obs"], out["next_obs"] = self.obs.reshape(flat_obs)[at], self.next_obs.reshape(flat_obs)[at_next]
         if self.q is not None:
             n_actions = self.q.shape[2]
             q_flat = self.q.reshape(-1)
