@@ -119,12 +119,17 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
            f"hosts: {', '.join(h['name'] + ('' if h['local'] else ' (ssh ' + h['destination'] + ')') for h in p.hosts)}", ""]
     for x in p.processes:
         binds = "  ".join(f"{k}={v}" for k, v in x.binds.items())
-        out.append(f"{x.name}  role={x.role} rank={x.rank} host={x.host}" + (f"  binds {binds}" if binds else ""))
+        threads = x.env.get("RLCTL_TORCH_THREADS", "1")
+        if threads.startswith("auto:"):
+            threads = f"the cores left there after {threads[5:]} other processes"
+        out.append(f"{x.name}  role={x.role} rank={x.rank} host={x.host} torch threads={threads}"
+                   + (f"  binds {binds}" if binds else ""))
         out.append("  $ " + shlex.join(x.argv))
     out.append("")
-    out.append("environment of every process (RLCTL_ROLE, RLCTL_RANK, RLCTL_HOST, RLCTL_BINDS differ per process):")
+    out.append("environment of every process (RLCTL_ROLE, RLCTL_RANK, RLCTL_HOST, RLCTL_BINDS, RLCTL_TORCH_THREADS "
+               "differ per process):")
     for k, v in p.to_dict()["processes"][0]["env"].items():
-        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS"):
+        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS", "RLCTL_TORCH_THREADS"):
             out.append(f"  {k}={v}")
     con.print("\n".join(out), markup=False, soft_wrap=True)
 

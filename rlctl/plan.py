@@ -7,6 +7,7 @@ the base port), so `rlctl plan` shows exactly what `rlctl run` will start.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -221,7 +222,8 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
         name = f"{role}-{rank}"
         env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
-               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":"))}
+               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
+               "RLCTL_TORCH_THREADS": learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
         if board and h is head and (role == "learner" or role in subscribers):
             env["RLCTL_WEIGHT_BOARD"] = board
         if not all_local:
@@ -236,6 +238,14 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port, frozenset(secret))
         procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local,
                                  secret))
+
+    def learner_threads(h: HostSpec, ranks: int) -> str:
+        """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
+        processes (one thread each) shared by its ranks: counted here for this machine, on the host for others."""
+        if spec.topology.learner_threads:
+            return str(spec.topology.learner_threads)
+        others = h.collectors + h.replay_shards + int(h.evaluator) + servers.count(h)
+        return str(auto_threads(usable_cpus(), others, ranks)) if h.is_local else f"auto:{others}"
 
     for rank, (h, r) in enumerate(zip(shards, replay_eps)):
         add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
@@ -272,6 +282,27 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
                   "evaluator": h.evaluator} for h in hosts]
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, bind_host, base_port,
                       endpoints, host_rows, procs, board_token)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def auto_threads(cpus: int, others: int, ranks: int) -> int:
+    """torch threads per learner rank: the CPUs left after `others` single-threaded processes, over `ranks`."""
+    return max(1, (cpus - others) // max(1, ranks))
+
+
+def torch_threads(value: str | None, local_ranks: int = 1) -> int:
+    """A process's RLCTL_TORCH_THREADS ("N", or "auto:OTHERS" to count on this host) as a thread count."""
+    value = value or "1"
+    if value.startswith("auto:") and value[5:].isdigit():
+        return auto_threads(usable_cpus(), int(value[5:]), local_ranks)
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def _bind(h: HostSpec, all_local: bool) -> str:

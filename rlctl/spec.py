@@ -242,6 +242,10 @@ class TopologySpec(Section):
     past this many the run fails."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
+    learner_threads: Annotated[int, Field(ge=0, le=1024)] = 0
+    """torch threads of each learner rank. 0: the cores its host has left after every other rlctl process there
+    (one each: collectors, replay shards, evaluator and inference servers run one torch thread), shared by the
+    host's learner ranks, at least 1. `rlctl plan` shows the choice."""
 
 
 class InferenceSpec(Section):

@@ -18,11 +18,14 @@ from rlctl.plan import (
     CRITICAL_ROLES,
     SECRET_MASK,
     LaunchPlan,
+    auto_threads,
     choose_base_port,
     default_base_port,
     make_plan,
     placement,
     ports_needed,
+    torch_threads,
+    usable_cpus,
 )
 from rlctl.spec import JobFileError, JobSpec, load_job, validate_job
 
@@ -556,3 +559,23 @@ def test_machine_warnings_name_the_cause_and_a_topology_that_fits():
     remote_only = validate_job({"job": {"name": "r"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"},
                                 "hosts": [{"name": "far", "learner": True, "replay_shards": 1, "collectors": 40}]})
     assert machine_warnings(remote_only, cpus=2) == []
+
+
+def test_torch_threads_are_chosen_per_process_and_said_in_the_plan(remote_spec):
+    threads = {x.name: x.env["RLCTL_TORCH_THREADS"] for x in plan_of(remote_spec).processes}
+    # Learners on this machine: its CPUs less the 3 other processes placed here (2 shards, the evaluator), over 2
+    # ranks; everything else one thread.
+    assert threads.pop("learner-0") == str(auto_threads(usable_cpus(), 3, 2))
+    assert set(threads.values()) == {"1"}
+    # A learner host reached over SSH counts its own cores when the learner starts there.
+    text = REMOTE_JOB.replace('learner = true\n', '').replace('collectors = 2\n', 'collectors = 2\nlearner = true\n')
+    spec = validate_job(tomllib.loads(text), "multi.toml")
+    assert by_name(plan_of(spec))["learner-0"].env["RLCTL_TORCH_THREADS"] == "auto:2"  # its 2 collectors
+    assert torch_threads("auto:2", 1) == max(1, usable_cpus() - 2) and torch_threads("auto:0", 64) == 1
+    assert torch_threads("3") == 3 and torch_threads("0") == torch_threads("junk") == torch_threads(None) == 1
+    # A number in the job wins.
+    spec = apex_job(topology={"learner_threads": 6})
+    assert by_name(plan_of(spec))["learner-0"].env["RLCTL_TORCH_THREADS"] == "6"
+    out = rlctl("plan", str(APEX)).stdout
+    assert f"learner-0  role=learner rank=0 host=localhost torch threads={auto_threads(usable_cpus(), 4, 1)}" in out
+    assert "collector-0  role=collector rank=0 host=localhost torch threads=1" in out

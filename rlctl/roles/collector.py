@@ -20,7 +20,7 @@ from rlctl import wire
 from rlctl.algos import REPLAY, build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import env_space_info, make_vec_env
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
 from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER
 from rlctl.weights import WeightSubscriber
@@ -74,7 +74,7 @@ def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str, info,
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """Build the env, policy, actor core and sockets, then step until stopped."""
-    torch.set_num_threads(1)
+    set_torch_threads()
     torch.manual_seed(rc.seed)
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)

@@ -176,6 +176,18 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
     return thread
 
 
+def set_torch_threads() -> int:
+    """Set this process's torch threads from the plan's RLCTL_TORCH_THREADS (1 unless it is a learner rank);
+    returns the count."""
+    import torch
+
+    from rlctl.plan import torch_threads
+
+    n = torch_threads(os.environ.get("RLCTL_TORCH_THREADS"), int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    torch.set_num_threads(n)
+    return n
+
+
 def role_main(run) -> None:
     """A role's entry point: install the stop flag first (so an early SIGTERM is not lost), then run the loop.
 

@@ -15,7 +15,7 @@ from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos import build_model
 from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.weights import WeightSubscriber
 from rlctl.checkpoint import save_checkpoint
 from rlctl.spec import EnvSpec, resolved_dict
@@ -66,7 +66,7 @@ def save_best(rc: RoleContext, model: torch.nn.Module, info: SpaceInfo, version:
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """Evaluate each new weight version, at most once per `evaluator.interval_s` (back to back while at the target)."""
-    torch.set_num_threads(1)
+    set_torch_threads()
     job = rc.job
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)

@@ -34,7 +34,7 @@ from rlctl.algos import REPLAY, build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.roles.collector import ExperienceSender
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER, collector_index
 from rlctl.weights import WeightSubscriber
 
@@ -113,7 +113,7 @@ class InferenceServer:
     def __init__(self, rc: RoleContext, stop: StopFlag):
         job = rc.job
         self.rc, self.stop, self.job = rc, stop, job
-        torch.set_num_threads(1)
+        set_torch_threads()
         torch.manual_seed(job.job.seed)  # the learner's initial parameters, until its weights arrive
         self.device = inference_device(job, rc.rank % job.inference.servers_per_host)
         self.info = probe_space_info(job.env)

@@ -26,7 +26,7 @@ from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
 from rlctl.netif import pin_collective_interface
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.roles.learner_data import ReplaySource, RolloutSource
 from rlctl.spec import resolved_dict
 from rlctl.weights import WeightPublisher
@@ -78,7 +78,7 @@ class LearnerShell:
         job = rc.job
         self.rc, self.stop, self.job = rc, stop, job
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        torch.set_num_threads(1)
+        self.threads = set_torch_threads()
         torch.manual_seed(job.job.seed)  # identical initial parameters on every rank
         self.info = probe_space_info(job.env)
         self.device = device
@@ -194,7 +194,8 @@ class LearnerShell:
         """Update until the stop; then a last checkpoint and the final heartbeat."""
         rc, control, core = self.rc, self.control, self.core
         self.publish()
-        print(f"{rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device}, "
+        print(f"{rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
+              f"({self.threads} torch thread{'s' if self.threads > 1 else ''}), "
               f"{sum(p.numel() for p in self.model.parameters())} parameters", flush=True)
         next_ckpt = time.monotonic() + self.job.logging.checkpoint_interval_s
         totals: dict = {}
