@@ -267,12 +267,15 @@ def _run_attached(rundir) -> int:
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """All runs, or one run's processes."""
     from rlctl.console import (display_table, get_console, hosts_table_rows, print_json, processes_table_rows, run_header,
-                               runs_table_rows)
+                               runs_json, runs_table_rows)
     from rlctl.rundir import list_runs, runs_root
 
     if run is None:
-        cols, rows = runs_table_rows(list_runs(runs_root(runs_dir)))
-        display_table("runs", cols, rows, as_json=as_json)
+        runs = list_runs(runs_root(runs_dir))
+        if as_json:
+            print_json(runs_json(runs))
+            return
+        display_table("runs", *runs_table_rows(runs))
         return
     rd = _resolve(runs_dir, run)
     state = rd.read_state() or {}

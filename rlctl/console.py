@@ -225,6 +225,32 @@ def _run_row(rundir: RunDir) -> list:
     ]
 
 
+def runs_json(runs: list[RunDir]) -> list[dict]:
+    """`rlctl status --json` without a run: one object per run, newest first, raw numbers under snake_case keys
+    (null where a figure is unknown)."""
+    out = []
+    for rundir in reversed(runs):
+        state = rundir.read_state() or {}
+        metrics = _metrics(state)
+        hosts = state.get("hosts")
+        steps = _num(metrics.get(M.ENV_STEPS))
+        out.append({
+            "run_id": rundir.run_id,
+            "job": state.get("job") or _job_from_run_id(rundir.run_id),
+            "algorithm": state.get("algorithm"),
+            "status": rundir.effective_status(state) if state else "unknown",
+            "exit_reason": state.get("exit_reason"),
+            "started_at": _num(state.get("started_at")),
+            "elapsed_s": _elapsed(state),
+            "env_steps": int(steps) if steps is not None else None,
+            "return_mean": _num(metrics.get(M.EPISODE_RETURN_MEAN)),
+            "eval_return_mean": _num(metrics.get(M.EVAL_RETURN_MEAN)),
+            "hosts": [str(h) for h in hosts] if isinstance(hosts, list) else [],
+            "run_dir": str(rundir.path),
+        })
+    return out
+
+
 def runs_table_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
     """Columns and rows for `rlctl status` without a run: one row per run."""
     return list(RUNS_COLUMNS), [_run_row(r) for r in runs]

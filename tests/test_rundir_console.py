@@ -334,3 +334,33 @@ def test_event_file_records_read_back_by_tensorboard(tmp_path):
     assert [e.value for e in acc.Scalars("charts/episode_return")] == [0.0, 10.0, 20.0]
     assert [e.step for e in acc.Scalars("losses/td_loss")] == [0, 1, 2]
     assert "hyperparameters" in acc.Tags()["tensors"]
+
+
+def test_status_json_over_all_runs_has_raw_numbers_under_snake_case_keys_newest_first(tmp_path):
+    old = make_run(tmp_path, "old-job", status="finished", started_at=T0, ended_at=T0 + 20.5, supervisor_pid=dead_pid(),
+                   exit_reason="charts/episode_return_mean 475.2 >= 475.0",
+                   metrics={"charts/env_steps": 133_800, "charts/episode_return_mean": 480.25,
+                            "eval/return_mean": 500.0}, hosts=["localhost"])
+    time.sleep(1.1)  # run ids carry the second they were made
+    new = make_run(tmp_path, "new-job", started_at=T0 + 100)
+    bare = RunDir.create(tmp_path, "bare")
+    bare.plan_json.write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "rlctl", "status", "--json", "--runs-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    table = subprocess.run([sys.executable, "-m", "rlctl", "status", "--runs-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env={**os.environ, "COLUMNS": "250"})
+    assert {r["run_id"] for r in rows} == {old.run_id, new.run_id, bare.run_id}
+    assert all(r["run_id"] in table.stdout for r in rows)
+    assert [r["run_id"] for r in rows] == [r.run_id for r in reversed(rundir.list_runs(tmp_path))]  # newest first
+    keys = {"run_id", "job", "algorithm", "status", "exit_reason", "started_at", "elapsed_s", "env_steps",
+            "return_mean", "eval_return_mean", "hosts", "run_dir"}
+    assert all(set(r) == keys for r in rows)
+    first = next(r for r in rows if r["run_id"] == old.run_id)
+    assert first == {"run_id": old.run_id, "job": "old-job", "algorithm": "apex", "status": "finished",
+                     "exit_reason": "charts/episode_return_mean 475.2 >= 475.0", "started_at": T0, "elapsed_s": 20.5,
+                     "env_steps": 133_800, "return_mean": 480.25, "eval_return_mean": 500.0, "hosts": ["localhost"],
+                     "run_dir": str(old.path)}
+    unknown = next(r for r in rows if r["run_id"] == bare.run_id)
+    assert unknown["status"] == "unknown" and unknown["env_steps"] is None and unknown["elapsed_s"] is None
