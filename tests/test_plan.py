@@ -579,3 +579,22 @@ def test_torch_threads_are_chosen_per_process_and_said_in_the_plan(remote_spec):
     out = rlctl("plan", str(APEX)).stdout
     assert f"learner-0  role=learner rank=0 host=localhost torch threads={auto_threads(usable_cpus(), 4, 1)}" in out
     assert "collector-0  role=collector rank=0 host=localhost torch threads=1" in out
+
+
+@pytest.mark.parametrize("job", sorted(p.name for p in (REPO / "jobs").glob("*.toml")))
+def test_every_shipped_job_validates_and_plans(job):
+    spec = load_job(REPO / "jobs" / job)
+    p = plan_of(spec, base=choose_base_port(spec))
+    assert {x.role for x in p.processes} >= {"learner", "collector"}
+
+
+def test_the_multi_host_example_places_learner_and_collectors_on_their_hosts():
+    out = rlctl("plan", str(REPO / "jobs" / "apex-hosts.toml"))
+    assert out.returncode == 0, out.stderr
+    assert "hosts: learner (ssh gpu-01.cluster.example), cpu-a (ssh rl@cpu-01.cluster.example), cpu-b (ssh " in out.stdout
+    p = plan_of(load_job(REPO / "jobs" / "apex-hosts.toml"))
+    assert {x.name: x.host for x in p.processes if x.role != "collector"} == {
+        "replay-0": "learner", "learner-0": "learner", "evaluator-0": "learner"}
+    assert [x.host for x in p.processes if x.role == "collector"] == ["cpu-a"] * 4 + ["cpu-b"] * 4
+    assert all(x.remote for x in p.processes)
+    assert rlctl("validate", str(REPO / "jobs" / "apex-hosts.toml")).returncode == 0
