@@ -81,6 +81,32 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
+def init(algo: str = typer.Option("apex", "--algo", help="Algorithm (apex, ppo, appo, impala, r2d2)."),
+         env: str = typer.Option("CartPole-v1", "--env", help="gymnasium id or `module:attr` entry point."),
+         hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH destinations: the first runs "
+                                             "the learner, its replay shard and the evaluator, the others collectors.")
+         ) -> None:
+    """Print a commented job file with every key at its default, valid as written: rlctl init > job.toml."""
+    import tomllib
+
+    from rlctl.jobinit import render_job_file
+    from rlctl.spec import JobFileError, validate_job
+
+    destinations = [h.strip() for h in hosts.split(",")] if hosts is not None else None
+    if destinations is not None and not all(destinations):
+        raise _bad_input(f"--hosts {hosts!r}: an empty host name")
+    try:
+        text = render_job_file(algo, env, destinations)
+    except ValueError as exc:
+        raise _bad_input(f"--algo: {exc}") from None
+    try:  # what is printed validates: a bad --env or host is reported here, by the job file's own rules
+        validate_job(tomllib.loads(text), "<rlctl init>")
+    except JobFileError as exc:
+        raise _bad_input(exc.render()) from None
+    sys.stdout.write(text)
+
+
+@app.command()
 def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
     """Check job files against the schema; exit 2 naming the key path on error."""
     from rlctl.spec import JobFileError, load_job

@@ -598,3 +598,37 @@ def test_the_multi_host_example_places_learner_and_collectors_on_their_hosts():
     assert [x.host for x in p.processes if x.role == "collector"] == ["cpu-a"] * 4 + ["cpu-b"] * 4
     assert all(x.remote for x in p.processes)
     assert rlctl("validate", str(REPO / "jobs" / "apex-hosts.toml")).returncode == 0
+
+
+@pytest.mark.parametrize("algo", ["apex", "ppo", "appo", "impala", "r2d2"])
+def test_init_prints_a_commented_job_with_every_key_that_validates_as_written(algo, tmp_path):
+    from rlctl.jobref import SECTIONS
+
+    out = rlctl("init", "--algo", algo)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "job.toml"
+    path.write_text(out.stdout)
+    spec = load_job(path)
+    assert spec.algorithm.name == algo and spec.env.id == "CartPole-v1" and not spec.hosts
+    # Every key of every section the job has is there, set or (unset by default) commented out.
+    for header, model, skip in SECTIONS:
+        if header.startswith(("[algorithm]", "[[hosts]]")) or (header == "[replay]" and algo not in ("apex", "r2d2")):
+            continue
+        for key in set(model.model_fields) - set(skip):
+            assert f"\n{key} = " in out.stdout or f"\n# {key} =" in out.stdout, (header, key)
+    assert all(f"\n{key} = " in out.stdout or f"\n# {key} =" in out.stdout for key in type(spec.algorithm).model_fields)
+    assert f'[algorithm]\nname = "{algo}"' in out.stdout
+    assert out.stdout.count("\n# ") > 50  # each key's doc
+    hosted = rlctl("init", "--algo", algo, "--env", "Acrobot-v1", "--hosts", "gpu-01.example,rl@cpu-01.example,cpu-02")
+    path.write_text(hosted.stdout)
+    spec = load_job(path)
+    assert [(h.name, h.address, h.learner, h.collectors) for h in spec.hosts] == [
+        ("gpu-01", "gpu-01.example", True, 0), ("cpu-01", "rl@cpu-01.example", False, 2), ("cpu-02", "cpu-02", False, 2)]
+    assert spec.env.id == "Acrobot-v1"
+
+
+def test_init_refuses_bad_arguments_with_exit_2():
+    for args, said in ((["--algo", "dqn"], "unknown algorithm 'dqn'"), (["--env", "Nope-v9"], "env.id"),
+                       (["--hosts", "a,-oProxyCommand=x"], "hosts[1].address"), (["--hosts", "a,,b"], "empty host")):
+        out = rlctl("init", *args)
+        assert out.returncode == 2 and said in out.stderr and out.stdout == "", (args, out.stderr)
