@@ -292,28 +292,23 @@ def _run_attached(rundir) -> int:
 @app.command()
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """All runs, or one run's processes."""
-    from rlctl.console import (display_table, get_console, hosts_table_rows, print_json, processes_table_rows, run_header,
-                               runs_json, runs_table_rows)
+    from rlctl.console import get_console, print_json, run_view, runs_json, runs_table
     from rlctl.rundir import list_runs, runs_root
 
+    con = get_console()
     if run is None:
         runs = list_runs(runs_root(runs_dir))
         if as_json:
             print_json(runs_json(runs))
             return
-        display_table("runs", *runs_table_rows(runs))
+        con.print(runs_table(runs, con.width))
         return
     rd = _resolve(runs_dir, run)
     state = rd.read_state() or {}
     if as_json:
         print_json({**state, "status": rd.effective_status(state)})
         return
-    get_console().print(run_header({**state, "status": rd.effective_status(state)}), markup=False)
-    cols, rows = processes_table_rows(state)
-    display_table(None, cols, rows)
-    hosts = hosts_table_rows(state)
-    if hosts is not None:
-        display_table(None, *hosts)
+    con.print(run_view({**state, "status": rd.effective_status(state)}, live=False))
 
 
 @app.command()

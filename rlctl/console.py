@@ -6,6 +6,7 @@ inside the functions that render, so `import rlctl.console` stays cheap.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -13,6 +14,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from rlctl import bottleneck
 from rlctl import metric_names as M
 from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
 
@@ -40,7 +42,7 @@ STATUS_STYLES = {
 ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
 
 RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
-PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat age", "note"]
+PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat", "note"]
 
 
 def get_console(stderr: bool = False) -> "Console":
@@ -159,19 +161,51 @@ def _plain_cell(cell: Any) -> Any:
     return plain if isinstance(plain, str) else str(cell)
 
 
-def _render_cell(cell: Any) -> "RenderableType":
-    """A table cell for rich: strings are plain text (never markup), None is "-"."""
+FREE_TEXT_COLUMNS = ("note",)
+
+
+def _plain_text(cell: Any) -> str:
+    plain = _plain_cell(cell)
+    return "-" if plain is None else str(plain)
+
+
+def _render_cell(cell: Any, one_line: bool = False) -> "RenderableType":
+    """A table cell for rich: strings are plain text (never markup), None is "-"; `one_line` cells end in "…"
+    rather than wrap."""
     from rich.text import Text
 
     if cell is None:
         return Text("-", style="dim")
     if isinstance(cell, (str, int, float)):
-        return Text(str(cell))
+        return Text(str(cell), no_wrap=one_line or None, overflow="ellipsis" if one_line else None)
     return cell
 
 
-def build_table(title: str | None, columns: list[str], rows: list[list]) -> "Table":
-    """A rich Table of rows; numeric columns are right-aligned."""
+def build_table(title: str | None, columns: list[str], rows: list[list], width: int | None = None,
+                drop: list[str] = ()) -> "Table":
+    """A rich Table of rows; numeric columns are right-aligned; cells never wrap (a value too long for its column
+    ends in an ellipsis). With `width`, the columns named in `drop` give way, in that order, until it fits."""
+    keep = list(range(len(columns)))
+    for name in [None, *drop]:
+        if name is not None and name in columns and columns.index(name) in keep:
+            keep.remove(columns.index(name))
+        table = _table(title, [columns[i] for i in keep], [[row[i] if i < len(row) else None for i in keep]
+                                                           for row in rows])
+        if width is None or _least_width(table) <= width:
+            break
+    return table
+
+
+def _least_width(renderable) -> int:
+    """Columns `renderable` needs at least (free text shrunk to its header, nothing else)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    con = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(con, con.options, renderable).minimum
+
+
+def _table(title: str | None, columns: list[str], rows: list[list]) -> "Table":
     from rich import box
     from rich.table import Table
 
@@ -182,10 +216,17 @@ def build_table(title: str | None, columns: list[str], rows: list[list]) -> "Tab
     for i, name in enumerate(columns):
         values = [row[i] for row in rows if i < len(row) and row[i] is not None]
         numeric = bool(values) and all(_num(v) is not None for v in values)
-        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
+        # Names, hosts and units are never split across lines, nor squeezed: only free text (a note) gives way,
+        # cut with "…".
+        natural = max([len(name), *(len(_plain_text(v)) for v in values)])
+        free = name in FREE_TEXT_COLUMNS
+        # rich shrinks only wrappable columns: free text is one, its cells cut to one line below.
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=not free, overflow="ellipsis",
+                         min_width=len(name) if free else natural)
+    free = [name in FREE_TEXT_COLUMNS for name in columns]
     for row in rows:
         cells = list(row) + [None] * (len(columns) - len(row))
-        table.add_row(*(_render_cell(c) for c in cells[: len(columns)]))
+        table.add_row(*(_render_cell(c, one_line) for c, one_line in zip(cells[: len(columns)], free)))
     return table
 
 
@@ -278,9 +319,31 @@ def _process_row(proc: dict, now: float) -> list:
 def processes_table_rows(state: dict, now: float | None = None) -> tuple[list[str], list[list]]:
     """Columns and rows for the processes of one run (robust to missing fields)."""
     now = time.time() if now is None else now
+    return list(PROCESS_COLUMNS), [_process_row(p, now) for p in _processes(state)]
+
+
+def _processes(state: dict) -> list[dict]:
     procs = state.get("processes") if isinstance(state, dict) else None
-    procs = [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
-    return list(PROCESS_COLUMNS), [_process_row(p, now) for p in procs]
+    return [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
+
+
+def processes_table(state: dict, width: int | None, now: float | None = None) -> "Table":
+    """The processes table, fitted to `width`: the note column only when a process has a note; then pid, host (when
+    every process is local), heartbeat age, rank and role give way, in that order, until it fits."""
+    columns, rows = processes_table_rows(state, now)
+    procs = _processes(state)
+    drop = ["pid", *(["host"] if not any(p.get("remote") for p in procs) else []), "heartbeat", "rank", "role"]
+    if not any(p.get("note") for p in procs):
+        columns, rows = columns[:-1], [r[:-1] for r in rows]
+    return build_table(None, columns, rows, width, drop)
+
+
+def runs_table(runs: list[RunDir], width: int | None) -> "Table":
+    """The runs table of `rlctl status`, fitted to `width` (hosts when every run is local, then start time,
+    algorithm and job give way)."""
+    columns, rows = runs_table_rows(runs)
+    local = all(r[-1] in ("localhost", "-") for r in rows)
+    return build_table("runs", columns, rows, width, [*(["hosts"] if local else []), "started", "algorithm", "job"])
 
 
 HOST_COLUMNS = ["host", "where", "state", "processes", "restarts", "sessions lost"]
@@ -302,31 +365,102 @@ def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
     return HOST_COLUMNS, out
 
 
-def run_header(state: dict, now: float | None = None) -> str:
-    """One-line summary: job, algorithm, run id, status, elapsed, env steps, steps/s, returns."""
+def header_lines(state: dict, now: float | None = None) -> list[str]:
+    """The run's summary, one line per concern: what and where it is, its figures, then (where they apply) rollout
+    lag, central inference and divergence."""
     state = state if isinstance(state, dict) else {}
     metrics = _metrics(state)
-    parts = [
-        str(state.get("job") or "-"),
-        str(state.get("algorithm") or "-"),
-        str(state.get("run_id") or "-"),
-        status_of(state),
-        format_duration(_elapsed(state, now)),
-        f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
-        f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
-        f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
-        f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}",
-    ]
+    # The run id begins with the job's name: the first line stays short enough for 80 columns.
+    run_id = str(state.get("run_id") or state.get("job") or "-")
+    lines = [" | ".join([f"{run_id} ({state.get('algorithm') or '-'})", status_of(state),
+                         format_duration(_elapsed(state, now))]),
+             " | ".join([f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
+                         f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
+                         f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
+                         f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"])]
     lag = _rollout_figures(metrics)
     if lag:
-        parts += [f"policy lag {lag[0]}", f"rollouts dropped {lag[1]}"]
+        lines[-1] += f" | policy lag {lag[0]} | rollouts dropped {lag[1]}"
     inference = _inference_figures(metrics)
     if inference:
-        parts.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
+        lines.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
+    verdict = bottleneck.verdict(metrics) if status_of(state) == "running" else None
+    if verdict:
+        lines.append(verdict)
     diverging = divergence_text(metrics)
     if diverging:
-        parts.append(diverging)
-    return " | ".join(parts)
+        lines.append(diverging)
+    return lines
+
+
+def run_header(state: dict, now: float | None = None) -> str:
+    """The header lines as one line (job, algorithm, run id, status, elapsed, env steps, steps/s, returns, ...)."""
+    return " | ".join(header_lines(state, now))
+
+
+def progress_table(state: dict, width: int, now: float | None = None) -> "Table | None":
+    """One row per stop criterion: a bar where it is a fraction, where the run stands against the target, and an
+    ETA at the recent rate where one makes sense (None for a run without stop criteria in its state)."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    from rlctl.stop_progress import percent, stop_progress
+
+    rows = stop_progress(state.get("stop"), _metrics(state), _elapsed(state, now), state.get("episodes_seen"))
+    if not rows:
+        return None
+    texts = [p.text() for p in rows]
+    etas = [f"ETA {format_duration(p.eta_s)}" if p.eta_s is not None else "" for p in rows]
+    label_w = max(len(p.label) for p in rows)
+    # The bar takes what the words leave (8 to 30 columns); the words end in "…" only below that.
+    bar_width = max(8, min(30, width - label_w - 4 - max(map(len, texts)) - max(map(len, etas)) - 4))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, min_width=label_w)
+    grid.add_column(no_wrap=True, min_width=bar_width)
+    grid.add_column(no_wrap=True, min_width=4, justify="right")
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_column(no_wrap=True)
+    for p, words, eta in zip(rows, texts, etas):
+        bar = ProgressBar(total=1.0, completed=p.fraction, width=bar_width) if p.fraction is not None else \
+            Text(" " * bar_width)
+        grid.add_row(Text(p.label), bar, Text(f"{percent(p.fraction)}%" if p.fraction is not None else ""),
+                     Text(words), Text(eta))
+    return grid
+
+
+def run_view(state: dict, now: float | None = None, live: bool = True) -> "RenderableType":
+    """Header, stop progress and the tables of one run, laid out for the width it is rendered at (the live display
+    and `rlctl status RUN`)."""
+    return _RunView(state, now, live)
+
+
+class _RunView:
+    def __init__(self, state: dict, now: float | None, live: bool):
+        self.state, self.now, self.live = (state if isinstance(state, dict) else {}), now, live
+
+    def __rich_console__(self, console, options):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.text import Text
+
+        state, width = self.state, options.max_width
+        status = status_of(state)
+        lines: list = [Text(line, no_wrap=True, overflow="ellipsis") for line in header_lines(state, self.now)]
+        progress = progress_table(state, width - 4, self.now)
+        if progress is not None:
+            lines.append(progress)
+        header = Group(*lines)
+        yield Panel(header, border_style=STATUS_STYLES.get(status, ""), expand=True) if self.live else header
+        yield processes_table(state, width, self.now)
+        hosts = hosts_table_rows(state)
+        if hosts is not None:
+            yield build_table(None, *hosts, width=width)
+        if state.get("exit_reason"):
+            yield Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, ""))
+        failure = _failure_text(state)
+        if failure is not None:
+            yield failure
 
 
 def divergence_text(metrics: dict) -> str | None:
@@ -372,25 +506,8 @@ def _failure_text(state: dict) -> "Text | None":
 
 
 def live_renderable(state: dict) -> "RenderableType":
-    """Header panel + processes table (+ failure/exit reason) for the supervisor's rich Live display."""
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.text import Text
-
-    state = state if isinstance(state, dict) else {}
-    status = status_of(state)
-    parts: list = [Panel(Text(run_header(state)), border_style=STATUS_STYLES.get(status, ""), expand=True)]
-    columns, rows = processes_table_rows(state)
-    parts.append(build_table(None, columns, rows))
-    hosts = hosts_table_rows(state)
-    if hosts is not None:
-        parts.append(build_table(None, *hosts))
-    if state.get("exit_reason"):
-        parts.append(Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, "")))
-    failure = _failure_text(state)
-    if failure is not None:
-        parts.append(failure)
-    return Group(*parts)
+    """Header panel + stop progress + processes table (+ failure/exit reason) for the supervisor's rich Live display."""
+    return run_view(state)
 
 
 def progress_line(state: dict, now: float | None = None) -> str:

@@ -51,6 +51,9 @@ COLLECTOR_ENV_STEPS = "env_steps"
 COLLECTOR_WEIGHT_VERSION = "collector/weight_version"
 COLLECTOR_WEIGHT_VERSION_LAG = "collector/weight_version_lag"
 COLLECTOR_SENT = "collector/sent"
+# Share of the time a collector waited instead of stepping: for room to send (a rate-limited replay shard, a busy
+# learner), for the next weights (PPO), or in central inference for its actions. The hub averages collectors.
+COLLECTOR_WAIT_FRAC = "collector/wait_frac"
 EPISODE_RETURNS = "episode_returns"  # lists of the episodes that ended since the last heartbeat
 EPISODE_LENGTHS = "episode_lengths"
 

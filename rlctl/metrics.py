@@ -83,6 +83,9 @@ class MetricsHub:
         versions = [float(m[M.COLLECTOR_WEIGHT_VERSION]) for m in collectors if M.COLLECTOR_WEIGHT_VERSION in m]
         if versions and M.VERSION in learner:
             out[M.COLLECTOR_WEIGHT_VERSION_LAG] = float(learner[M.VERSION]) - sum(versions) / len(versions)
+        waits = [float(m[M.COLLECTOR_WAIT_FRAC]) for m in collectors if M.COLLECTOR_WAIT_FRAC in m]
+        if waits:
+            out[M.COLLECTOR_WAIT_FRAC] = sum(waits) / len(waits)
         for key in (M.COLLECTOR_TORCH_LOADED, M.COLLECTOR_STALE_ANSWERS):  # central inference: any collector's
             vals = [int(m[key]) for m in collectors if key in m]
             if vals:

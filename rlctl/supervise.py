@@ -36,6 +36,7 @@ from rlctl.remote import remote_checkpoint_dir
 from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir, group_alive, process_start_time, remove_weight_board
 from rlctl.spec import JobSpec, load_job, resolved_dict, with_host_secrets
+from rlctl.stop_progress import stop_progress
 
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
@@ -200,26 +201,15 @@ class ProcessHandle:
 
 
 class StopCriteria:
-    """The job's stop rules over the run-level metrics; returns the reason once one is met."""
+    """The job's stop rules over the run-level metrics; returns the reason once one is met (rlctl.stop_progress:
+    the same computation the progress lines show)."""
 
     def __init__(self, spec: JobSpec, started: float):
-        self.stop, self.started = spec.job.stop, started
+        self.stop, self.started = spec.job.stop.model_dump(), started
 
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
-        s = self.stop
-        if (s.eval_return is not None and m.get(M.EVAL_RETURN_MEAN, float("-inf")) >= s.eval_return
-                and m.get(M.EVAL_STREAK, 0) >= s.eval_rounds):
-            rounds = f" ({s.eval_rounds} rounds in a row)" if s.eval_rounds > 1 else ""
-            return f"eval/return_mean {m['eval/return_mean']:.1f} >= {s.eval_return:g}{rounds}"
-        if (s.train_return is not None and episodes_seen >= s.train_return_window
-                and m.get(M.EPISODE_RETURN_MEAN, float("-inf")) >= s.train_return):
-            return f"charts/episode_return_mean {m['charts/episode_return_mean']:.1f} >= {s.train_return:g}"
-        if s.env_steps is not None and m.get(M.ENV_STEPS, 0) >= s.env_steps:
-            return f"charts/env_steps {m['charts/env_steps']} >= {s.env_steps}"
-        if s.wall_s is not None and now - self.started >= s.wall_s:
-            return f"wall time {now - self.started:.0f}s >= {s.wall_s:g}s"
-        return None
+        return next((p.reason for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
 
 
 class Supervisor:
@@ -284,6 +274,7 @@ class Supervisor:
             "processes": [h.row() for h in self.handles], "metrics": metrics,
             "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
             "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],
+            "stop": self.spec.job.stop.model_dump(), "episodes_seen": self.hub.episodes,
         }
 
     def host_rows(self) -> list[dict]:

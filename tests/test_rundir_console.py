@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -270,7 +272,7 @@ def test_processes_table_rows_sparse_state():
     columns, rows = console.processes_table_rows(state, now=100.0)
     assert len(rows) == 2
     row = dict(zip(columns, (console._plain_cell(c) for c in rows[0])))
-    assert row["rate"] == "12.3k env steps/s" and row["heartbeat age"] == "0.4s ago" and row["state"] == "running"
+    assert row["rate"] == "12.3k env steps/s" and row["heartbeat"] == "0.4s ago" and row["state"] == "running"
     assert dict(zip(columns, rows[1]))["rate"] == "-"
     console.display_table("processes", columns, rows)  # renders without error
 
@@ -364,3 +366,101 @@ def test_status_json_over_all_runs_has_raw_numbers_under_snake_case_keys_newest_
                      "run_dir": str(old.path)}
     unknown = next(r for r in rows if r["run_id"] == bare.run_id)
     assert unknown["status"] == "unknown" and unknown["env_steps"] is None and unknown["elapsed_s"] is None
+
+
+def _busy_state(remote: bool) -> dict:
+    """A running Ape-X job's state: long host names, every unit, a note, stop criteria, both waits reported."""
+    hosts = ["gpu-node-017.cluster", "cpu-node-203.cluster"] if remote else ["localhost", "localhost"]
+    procs = [{"name": "replay-0", "role": "replay", "rank": 0, "rate": 509.1, "rate_unit": "inserts/s"},
+             {"name": "learner-0", "role": "learner", "rank": 0, "rate": 15100.0, "rate_unit": "samples/s"},
+             {"name": "evaluator-0", "role": "evaluator", "rank": 0, "rate": 500.0, "rate_unit": "eval return"}]
+    procs += [{"name": f"collector-{i}", "role": "collector", "rank": i, "rate": 1534.2, "rate_unit": "env steps/s",
+               "note": "restarted: exit code -9 (SIGKILL)" if i == 11 else None} for i in range(12)]
+    for i, p in enumerate(procs):
+        p.update(host=hosts[int(p["role"] == "collector")], pid=120000 + i, state="running", restarts=i % 3,
+                 last_heartbeat=T0 - 0.4, remote=remote)
+    return {"run_id": "apex-cartpole-hosts-20261201-213332", "job": "apex-cartpole-hosts", "algorithm": "apex",
+            "status": "running", "supervisor_pid": os.getpid(), "started_at": T0 - 85.0, "processes": procs,
+            "stop": {"eval_return": 475.0, "eval_rounds": 3, "env_steps": 300_000, "wall_s": 600.0,
+                     "train_return": None, "train_return_window": 20},
+            "metrics": {"charts/env_steps": 169_199, "charts/env_steps_per_s": 2012.0,
+                        "charts/episode_return_mean": 335.7, "eval/return_mean": 480.0, "eval/streak": 1,
+                        "learner/data_wait_frac": 0.04, "collector/wait_frac": 0.62, "replay/size": 50_000},
+            "host_rows": [{"name": h, "remote": remote, "state": "ok", "processes": 8, "running": 8}
+                          for h in dict.fromkeys(hosts)]}
+
+
+@pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize("width", [80, 200])
+def test_live_table_and_status_fit_the_terminal_without_splitting_names_hosts_or_units(width, remote):
+    from rich.console import Console
+
+    state = _busy_state(remote)
+    for view in (console.run_view(state, now=T0), console.run_view(state, now=T0, live=False)):
+        con = Console(width=width, record=True, file=io.StringIO())
+        con.print(view)
+        text = con.export_text()
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= width
+        for p in state["processes"]:
+            assert sum(p["name"] + " " in line or line.endswith(p["name"]) for line in lines) == 1, (p["name"], text)
+            assert f"{console.format_rate(p['rate'])} {p['rate_unit']}" in text, (p, text)
+        for word in ("restarts", "samples/s", "inserts/s", "env steps/s", "eval return"):
+            assert word in text
+        assert ("heartbeat" in text and "0.4s ago" in text) == (width == 200)  # gives way third, at 80 columns
+        if width == 200 or remote:  # a remote host is never dropped before heartbeat age, rank and role
+            for host in {p["host"] for p in state["processes"]}:
+                assert host in text, text
+        # The header: one line per concern, each whole.
+        assert any("apex-cartpole-hosts-20261201-213332 (apex) | running | 1m25s" in line for line in lines), text
+        assert any("env steps 169.2k (2.0k/s) | return 335.7 | eval 480.0" in line for line in lines)
+        assert any("learner-bound: collectors wait 62% for replay room; learner waits 4%" in line for line in lines)
+        assert any(re.search(r"env steps .*56% 169,199 / 300,000 .*ETA 1m05s", line) for line in lines), text
+        assert any(re.search(r"eval return .*33% 480.0 / 475 \(1 of 3 rounds in a row\)", line) for line in lines)
+        if width == 80:
+            assert " pid " not in text and "120003" not in text  # pid gives way first
+            last = next(line for line in lines if "collector-11" in line)
+            assert last.rstrip().endswith("…") and "(SIGKILL)" not in text, text  # the note is cut, in one line
+        else:
+            assert "120003" in text
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_runs_table_fits_without_splitting_run_ids(tmp_path, width):
+    from rich.console import Console
+
+    runs = [make_run(tmp_path, f"apex-cartpole-hosts-{i}", metrics={"charts/env_steps": 5000 * i},
+                     hosts=["gpu-node-017.cluster", "cpu-node-203.cluster"]) for i in range(3)]
+    con = Console(width=width, record=True, file=io.StringIO())
+    con.print(console.runs_table(runs, width))
+    text = con.export_text()
+    assert max(map(len, text.splitlines())) <= width
+    for r in runs:
+        assert r.run_id in text, text
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(steps=st.integers(0, 2000), target_steps=st.integers(1, 2000), elapsed=st.floats(0, 100),
+       wall=st.floats(0.5, 100), ev=st.one_of(st.none(), st.floats(-10, 10)), target_ev=st.floats(-10, 10),
+       streak=st.integers(0, 5), rounds=st.integers(1, 4), ret=st.one_of(st.none(), st.floats(-10, 10)),
+       seen=st.integers(0, 30))
+def test_a_progress_bar_shows_100_percent_exactly_when_its_criterion_stops_the_run(
+        steps, target_steps, elapsed, wall, ev, target_ev, streak, rounds, ret, seen):
+    from rlctl.spec import validate_job
+    from rlctl.stop_progress import percent, stop_progress
+    from rlctl.supervise import StopCriteria
+
+    stop = {"env_steps": target_steps, "wall_s": wall, "eval_return": target_ev, "eval_rounds": rounds,
+            "train_return": 5.0, "train_return_window": 10}
+    metrics = {"charts/env_steps": steps, "charts/env_steps_per_s": 10.0, "eval/streak": streak}
+    if ev is not None:
+        metrics["eval/return_mean"] = ev
+    if ret is not None:
+        metrics["charts/episode_return_mean"] = ret
+    rows = stop_progress(stop, metrics, elapsed, seen)
+    for p in rows:
+        if p.fraction is not None:
+            assert (percent(p.fraction) == 100) == p.met, p
+    job = validate_job({"job": {"name": "t", "stop": stop}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})
+    reason = StopCriteria(job, started=0.0).reached(metrics, seen, elapsed)
+    assert reason == next((p.reason for p in rows if p.met), None)

@@ -127,7 +127,9 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, client: Inf
     while not stop:
         step = {"obs": np.asarray(obs, dtype=info.obs_dtype), "reward": reward, "terminated": terminated,
                 "truncated": truncated}
+        t0 = time.monotonic()
         actions = client.ask(step, stop, report)
+        report.wait_s += time.monotonic() - t0
         if actions is None:
             break
         if first:  # start-up is measured up to this line (bench/solve_cartpole.py)

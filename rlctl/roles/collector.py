@@ -10,6 +10,7 @@ Started as `python -m rlctl.roles.collector` by the supervisor; everything it ne
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import torch
@@ -117,7 +118,9 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
         weights.poll()
         report()
         if not actor.begin(weights.version, weights.serial):
+            t0 = time.monotonic()
             weights.sock.poll(50)
+            report.wait_s += time.monotonic() - t0
             continue
         version = weights.version
         if first:
@@ -133,7 +136,10 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
                 break
         block = actor.take()
         report.env_steps += report.episodes.add(block.rewards, block.done, block.valid)
-        if not sender.send_blocking(block.arrays, version, stop, waiting):
+        t0 = time.monotonic()
+        sent = sender.send_blocking(block.arrays, version, stop, waiting)
+        report.wait_s += time.monotonic() - t0
+        if not sent:
             break
         if sender.sent == block.arrays["reward"].size:  # bench/faults.py times a restart up to this line
             print(f"{rc.name}: first batch sent ({sender.sent} transitions)", flush=True)

@@ -92,8 +92,9 @@ class CollectorReport:
     def __init__(self, control: ControlClient, episodes: EpisodeTracker, figures: Callable[[], dict]):
         self.control, self.episodes, self.figures = control, episodes, figures
         self.env_steps = 0
-        self.last_steps, self.last_t, self.last_sent = 0, time.monotonic(), 0.0
-        self.rate = 0.0
+        self.wait_s = 0.0  # seconds spent waiting instead of stepping (the shell adds them)
+        self.last_steps, self.last_wait, self.last_t, self.last_sent = 0, 0.0, time.monotonic(), 0.0
+        self.rate = self.wait_frac = 0.0
 
     def __call__(self) -> None:
         """Send a heartbeat if one is due, or if episodes ended and the last one left EPISODE_REPORT_S ago."""
@@ -102,7 +103,9 @@ class CollectorReport:
             return
         if now - self.last_t >= self.control.interval:  # the rate over a whole interval, however often we report
             self.rate = (self.env_steps - self.last_steps) / (now - self.last_t)
-            self.last_steps, self.last_t = self.env_steps, now
+            self.wait_frac = min(1.0, (self.wait_s - self.last_wait) / (now - self.last_t))
+            self.last_steps, self.last_wait, self.last_t = self.env_steps, self.wait_s, now
         self.last_sent = now
         self.control.heartbeat({M.COLLECTOR_ENV_STEPS: self.env_steps, M.ENV_STEPS_PER_S: self.rate,
+                                M.COLLECTOR_WAIT_FRAC: self.wait_frac,
                                 **self.episodes.take(), **self.figures()})
