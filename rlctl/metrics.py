@@ -6,6 +6,7 @@ Fixed namespaces (as CleanRL): `charts/` (env steps, episode returns),
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -191,6 +192,49 @@ class TensorBoardWriter:
                              tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
         summary = Summary(value=[Summary.Value(tag=tag, metadata=meta, tensor=tensor)])
         self._write(Event(summary=summary, step=step, wall_time=time.time()))
+
+    def _plugin_event(self, tag: str, plugin: str, content: bytes, step: int = 0) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+
+        meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=plugin, content=content))
+        self._write(Event(summary=Summary(value=[Summary.Value(tag=tag, metadata=meta)]), step=step,
+                          wall_time=time.time()))
+
+    def hparams_start(self, hparams: dict[str, object], metrics: list[str], started_at: float) -> None:
+        """An HParams entry (TensorBoard's HParams tab): the experiment (these hyperparameters, these scalar tags as
+        its metrics, whose last values are the run's final figures) and this run's session with its values."""
+        from google.protobuf import struct_pb2
+        from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+        values = {k: (json.dumps(v) if isinstance(v, (list, tuple)) else v) for k, v in hparams.items()
+                  if isinstance(v, (bool, int, float, str, list, tuple))}
+        kinds = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
+        experiment = api_pb2.Experiment(
+            time_created_secs=started_at,
+            hparam_infos=[api_pb2.HParamInfo(name=k, type=kinds.get(type(v), api_pb2.DATA_TYPE_FLOAT64))
+                          for k, v in values.items()],
+            metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metrics])
+        start = plugin_data_pb2.SessionStartInfo(start_time_secs=started_at)
+        for k, v in values.items():
+            if isinstance(v, bool):
+                start.hparams[k].CopyFrom(struct_pb2.Value(bool_value=v))
+            elif isinstance(v, str):
+                start.hparams[k].CopyFrom(struct_pb2.Value(string_value=v))
+            else:
+                start.hparams[k].CopyFrom(struct_pb2.Value(number_value=float(v)))
+        for tag, data in (("_hparams_/experiment", plugin_data_pb2.HParamsPluginData(experiment=experiment)),
+                          ("_hparams_/session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=start))):
+            self._plugin_event(tag, "hparams", data.SerializeToString())
+
+    def hparams_end(self, success: bool, ended_at: float) -> None:
+        """Close this run's HParams session (succeeded: finished or stopped; else failed)."""
+        from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+        end = plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS if success else api_pb2.STATUS_FAILURE,
+                                             end_time_secs=ended_at)
+        self._plugin_event("_hparams_/session_end_info", "hparams",
+                           plugin_data_pb2.HParamsPluginData(session_end_info=end).SerializeToString())
 
     def flush(self) -> None:
         """Write buffered events to disk."""

@@ -200,6 +200,10 @@ class ProcessHandle:
         }
 
 
+# The scalars TensorBoard's HParams tab shows for each run (their last values: the run's final figures).
+HPARAM_METRICS = [M.EPISODE_RETURN_MEAN, M.EVAL_RETURN_MEAN, M.ENV_STEPS, M.ENV_STEPS_PER_S, M.SAMPLES_PER_S]
+
+
 class StopCriteria:
     """The job's stop rules over the run-level metrics; returns the reason once one is met (rlctl.stop_progress:
     the same computation the progress lines show)."""
@@ -362,6 +366,7 @@ class Supervisor:
         tb = tb or self._open_tb()
         try:
             self._write_tb(tb)
+            tb.hparams_end(self.status != "failed", time.time())
         finally:
             tb.close()
 
@@ -390,7 +395,9 @@ class Supervisor:
 
     def _open_tb(self) -> TensorBoardWriter:
         tb = TensorBoardWriter(str(self.rundir.tb_dir), after_step=self.tb_floor)
-        tb.text("hyperparameters", hyperparameter_table(flatten(resolved_dict(self.spec))))
+        hparams = flatten(resolved_dict(self.spec))
+        tb.text("hyperparameters", hyperparameter_table(hparams))
+        tb.hparams_start(hparams, HPARAM_METRICS, self.started_at)
         return tb
 
     def _loop(self, tb: TensorBoardWriter) -> None:

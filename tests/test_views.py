@@ -53,6 +53,29 @@ def test_collector_bound_verdict_and_the_progress_bar_reaching_100_percent_when_
     out = _status(runs, run_dir)
     assert re.search(r"env steps\s.*100% [\d,]+ / 12,000", out), out
     assert "bound:" not in out  # a verdict is about a running job
+    _check_hparams(run_dir)
+
+
+def _check_hparams(run_dir):
+    """The run's HParams entry, read back through tensorboard's own reader and the hparams plugin's protos."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    content = {tag: plugin_data_pb2.HParamsPluginData.FromString(data)
+               for tag, data in acc.PluginTagToContent("hparams").items()}
+    experiment = content["_hparams_/experiment"].experiment
+    names = {h.name: h.type for h in experiment.hparam_infos}
+    assert names["algorithm.lr"] == api_pb2.DATA_TYPE_FLOAT64 and names["env.id"] == api_pb2.DATA_TYPE_STRING
+    metrics = {m.name.tag for m in experiment.metric_infos}
+    assert {"charts/episode_return_mean", "charts/env_steps"} <= metrics
+    assert metrics <= set(acc.Tags()["scalars"]) | {"eval/return_mean"}  # each metric's last value is a figure
+    start = content["_hparams_/session_start_info"].session_start_info
+    assert start.hparams["algorithm.lr"].number_value == 1e-3
+    assert start.hparams["env.envs_per_collector"].number_value == 1
+    assert start.hparams["model.hidden"].string_value == "[64, 64]"
+    assert content["_hparams_/session_end_info"].session_end_info.status == api_pb2.STATUS_SUCCESS
 
 
 def test_learner_bound_verdict(tmp_path):
