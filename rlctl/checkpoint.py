@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import gymnasium as gym
+
 import torch
 
 from rlctl.durable import remove_temporaries, replace_file
@@ -121,7 +123,8 @@ def _record(data: dict, key: str) -> object:
     return data[key]
 
 
-def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, trust_checkpoint: bool = False) -> dict:
+def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, trust_checkpoint: bool = False,
+                        video_dir: str | None = None) -> dict:
     """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths.
 
     `job` (a JobSpec: the run directory's job.toml, a --job file) is what the env and the network are made from; its
@@ -180,10 +183,17 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
         raise CheckpointError(f"env {job.env.id!r} has {_spaces(made)}; the checkpoint's network was made for "
                               f"{_spaces(info)}")
-    returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algo.recurrent)
-    return {"checkpoint": str(path), "updates": updates, "episodes": episodes,
-            "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-            "return_max": float(returns.max()), "length_mean": float(lengths.mean())}
+    try:
+        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algo.recurrent, video_dir=video_dir)
+    except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
+        raise CheckpointError(f"cannot record video: {_one_line(exc)} (pip install -e '.[video]')") from None
+    out = {"checkpoint": str(path), "updates": updates, "episodes": episodes,
+           "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+           "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
+           "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
+    if video_dir is not None:
+        out["videos"] = [str(Path(video_dir) / f"episode-{i}-episode-0.mp4") for i in range(episodes)]
+    return out
 
 
 def _spaces(info) -> str:

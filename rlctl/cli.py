@@ -459,6 +459,8 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
           trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", help="Let a checkpoint file's stored "
                                                 "job import the code it names (`module:attr` env ids, wrappers); "
                                                 "refused by default: only for files from a source you trust."),
+          video: Optional[Path] = typer.Option(None, "--video", help="Record each episode as an MP4 into this folder "
+                                               "(gymnasium's RecordVideo; needs pip install -e '.[video]')."),
           as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Run greedy episodes with a run's checkpoint (or a checkpoint file) and print the mean return."""
     if which not in ("best", "latest"):
@@ -478,7 +480,8 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
 
     try:
-        result = evaluate_checkpoint(path, episodes, seed, job=spec, trust_checkpoint=trust_checkpoint)
+        result = evaluate_checkpoint(path, episodes, seed, job=spec, trust_checkpoint=trust_checkpoint,
+                                     video_dir=str(video) if video is not None else None)
     except CheckpointError as exc:
         print(f"{path}: {exc}", file=sys.stderr)  # one line, however long: not wrapped like _bad_input's
         raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -489,6 +492,9 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
     else:
         print(f"{path}: mean return {result['return_mean']:.1f} over {episodes} episodes "
               f"(min {result['return_min']:.1f}, max {result['return_max']:.1f})")
+        for i, (ret, length) in enumerate(zip(result["returns"], result["lengths"])):
+            print(f"  episode {i}: return {ret:.1f}, {length} steps"
+                  + (f", {result['videos'][i]}" if "videos" in result else ""))
 
 
 def main() -> None:

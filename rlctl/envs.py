@@ -31,16 +31,19 @@ def resolve_env_id(env_id: str) -> str:
     return derived
 
 
-def make_vec_env(spec: EnvSpec, num_envs: int | None = None) -> gym.vector.VectorEnv:
+def make_vec_env(spec: EnvSpec, num_envs: int | None = None, outer_wrappers: list | None = None,
+                 render_mode: str | None = None) -> gym.vector.VectorEnv:
     """Vector env per the job: native vectorized implementation where one exists (auto), else sync/async;
-    the job's wrappers around every sub-env."""
+    the job's wrappers around every sub-env, then `outer_wrappers` (called once per sub-env, in order)."""
     env_id = resolve_env_id(spec.id)
     num = num_envs or spec.envs_per_collector
     mode = spec.vectorization
     kwargs = dict(spec.kwargs)
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
-    wrappers = preset_wrappers(spec) + [_wrapper(w.name, w.kwargs) for w in spec.wrappers]
+    wrappers = preset_wrappers(spec) + [_wrapper(w.name, w.kwargs) for w in spec.wrappers] + list(outer_wrappers or [])
     if spec.preset == "atari" and env_id.startswith("ALE/"):
         kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself
     if mode == "auto":

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from conftest import REPO, only_run, read_state, run_cli, wait_for
@@ -54,6 +55,26 @@ def test_collector_bound_verdict_and_the_progress_bar_reaching_100_percent_when_
     assert re.search(r"env steps\s.*100% [\d,]+ / 12,000", out), out
     assert "bound:" not in out  # a verdict is about a running job
     _check_hparams(run_dir)
+    _check_video(tmp_path, runs, run_dir)
+
+
+def _check_video(tmp_path, runs, run_dir):
+    """`rlctl eval --video`: one MP4 per episode, as many frames as the episode has steps, and the returns table
+    as JSON."""
+    import cv2
+
+    out = run_cli(["eval", run_dir.name, "--runs-dir", str(runs), "--episodes", "2", "--seed", "7", "--video",
+                   str(tmp_path / "videos"), "--json"], timeout=180)
+    result = json.loads(out.stdout)
+    assert len(result["returns"]) == len(result["lengths"]) == len(result["videos"]) == 2
+    assert result["return_mean"] == sum(result["returns"]) / 2
+    for video, length in zip(result["videos"], result["lengths"]):
+        capture = cv2.VideoCapture(video)
+        frames, width = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+        ok, first = capture.read()
+        capture.release()
+        assert ok and first.std() > 0 and width == 600  # CartPole's 600 x 400 rgb_array, not a blank frame
+        assert frames in (length, length + 1), (video, frames, length)  # every step (and the reset) rendered
 
 
 def _check_hparams(run_dir):

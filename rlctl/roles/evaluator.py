@@ -22,13 +22,23 @@ from rlctl.spec import EnvSpec, resolved_dict
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,
-                    recurrent: bool = False, tick=None) -> tuple[np.ndarray, np.ndarray]:
+                    recurrent: bool = False, tick=None, video_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths).
 
     A recurrent policy carries its state from step to step (each sub-env plays one episode, so it never resets).
-    `tick()` is called every step (the evaluator's heartbeats go on through long episodes).
+    `tick()` is called every step (the evaluator's heartbeats go on through long episodes). With `video_dir`, each
+    episode is rendered (rgb_array) into `episode-<i>-episode-0.mp4` there by gymnasium's RecordVideo.
     """
-    env = make_vec_env(env_spec, num_envs=episodes)
+    outer, render_mode = None, None
+    if video_dir is not None:
+        numbers = iter(range(episodes))
+
+        def record(env: gym.Env) -> gym.Env:
+            # Only the sub-env's first episode: it plays on after its end while the others finish.
+            return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda e: e == 0,
+                                           name_prefix=f"episode-{next(numbers)}", disable_logger=True)
+        outer, render_mode = [record], "rgb_array"
+    env = make_vec_env(env_spec, num_envs=episodes, outer_wrappers=outer, render_mode=render_mode)
     space = env.single_action_space
     bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     obs, _ = env.reset(seed=seed)
