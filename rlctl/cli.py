@@ -446,6 +446,50 @@ def _reap(state: dict) -> int:
     return len(alive)
 
 
+@app.command()
+def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or prefixes).",
+                                             autocompletion=_complete_run),
+            as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures."""
+    from rlctl.console import build_table, compare_data, compare_rows, get_console, print_json
+
+    dirs = [_resolve(runs_dir, r) for r in runs]
+    if as_json:
+        print_json(compare_data(dirs))
+        return
+    get_console().print(build_table(None, *compare_rows(dirs)))
+
+
+@app.command()
+def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or prefixes; default the newest).",
+                                                     autocompletion=_complete_run),
+         metric: str = typer.Option("charts/episode_return_mean", "--metric", help="TensorBoard scalar tag."),
+         x: str = typer.Option("env_steps", "--x", help="x axis: env_steps or wall_s."),
+         out: Optional[Path] = typer.Option(None, "--out", help="Write a PNG here (matplotlib) instead of drawing in "
+                                            "the terminal."),
+         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out."""
+    from rlctl.console import get_console
+    from rlctl.curves import X_AXES, CurveError, png_plot, read_curve, terminal_plot
+
+    if x not in X_AXES:
+        raise _bad_input(f"--x must be one of {', '.join(X_AXES)}, not {x!r}")
+    dirs = [_resolve(runs_dir, r) for r in (runs or [None])]
+    try:
+        curves = [read_curve(rd.path, metric, x) for rd in dirs]
+    except CurveError as exc:
+        raise _bad_input(str(exc)) from None
+    if out is None:
+        con = get_console()
+        con.print(terminal_plot(curves, metric, x, width=min(con.width, 160)))
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise _bad_input("--out needs matplotlib: pip install -e '.[plot]'")
+    print(png_plot(curves, metric, x, out))
+
+
 @app.command("eval")
 def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint file.", autocompletion=_complete_run),
           episodes: int = typer.Option(10, "--episodes", min=1, help="Greedy episodes to run."),

@@ -376,7 +376,7 @@ def header_lines(state: dict, now: float | None = None) -> list[str]:
                          format_duration(_elapsed(state, now))]),
              " | ".join([f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
                          f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
-                         f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
+                         f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}" + _spark(state),
                          f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"])]
     lag = _rollout_figures(metrics)
     if lag:
@@ -391,6 +391,15 @@ def header_lines(state: dict, now: float | None = None) -> list[str]:
     if diverging:
         lines.append(diverging)
     return lines
+
+
+def _spark(state: dict) -> str:
+    """" ▁▃▅▇" of the recent mean training returns (state.json's return_history), or ""."""
+    from rlctl.curves import sparkline
+
+    history = state.get("return_history")
+    line = sparkline(history if isinstance(history, list) else [])
+    return f" {line}" if len(line) > 1 else ""
 
 
 def run_header(state: dict, now: float | None = None) -> str:
@@ -584,3 +593,69 @@ def progress_printer(interval_s: float = 5.0):
             print(progress_line(state), flush=True)
 
     return show
+
+
+def compare_data(runs: list[RunDir]) -> dict[str, dict]:
+    """`rlctl compare --json`: per run, the job keys whose values differ between the runs (raw values), the time and
+    env steps to the stop target (null unless the run finished on a target other than wall time) and its final
+    figures, as raw numbers."""
+    import tomllib
+
+    jobs, states = [], []
+    for rd in runs:
+        try:
+            jobs.append(_flat(tomllib.loads(rd.job_toml.read_text())))
+        except (OSError, ValueError):
+            jobs.append({})
+        states.append(rd.read_state() or {})
+    missing = object()
+    differ = [k for k in sorted({k for job in jobs for k in job})
+              if len({json.dumps(job.get(k, missing), default=str) for job in jobs}) > 1]
+    out = {}
+    for rd, job, s in zip(runs, jobs, states):
+        m = _metrics(s)
+        reached = (s.get("status") == "finished" and bool(s.get("exit_reason"))
+                   and not str(s["exit_reason"]).startswith("wall time"))
+        steps = _num(m.get(M.ENV_STEPS))
+        out[rd.run_id] = {
+            "job": {k: job.get(k) for k in differ},
+            "status": rd.effective_status(s) if s else "unknown", "exit_reason": s.get("exit_reason"),
+            "time_to_target_s": _elapsed(s) if reached else None,
+            "env_steps_to_target": int(steps) if reached and steps is not None else None,
+            "elapsed_s": _elapsed(s), "env_steps": int(steps) if steps is not None else None,
+            "env_steps_per_s": _num(m.get(M.ENV_STEPS_PER_S)), "return_mean": _num(m.get(M.EPISODE_RETURN_MEAN)),
+            "eval_return_mean": _num(m.get(M.EVAL_RETURN_MEAN)),
+        }
+    return out
+
+
+def compare_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
+    """`rlctl compare`'s table: one column per run; the differing job keys, then how and when each run ended."""
+    data = compare_data(runs)
+    first = next(iter(data.values()), {"job": {}})
+    rows = [[k, *(_cell(d["job"][k]) for d in data.values())] for k in first["job"]]
+    steps = lambda v: _format_count(v) if v is not None else "not reached"  # noqa: E731
+    figures = [("status", "status", str), ("stopped because", "exit_reason", lambda v: v or "-"),
+               ("time to target", "time_to_target_s", lambda v: format_duration(v) if v is not None else "not reached"),
+               ("env steps to target", "env_steps_to_target", steps),
+               ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", _format_count),
+               ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
+               ("eval return", "eval_return_mean", _format_float)]
+    rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in figures]
+    return ["", *data], rows
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return json.dumps(value) if isinstance(value, (list, dict, bool)) else str(value)

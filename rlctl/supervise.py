@@ -200,6 +200,8 @@ class ProcessHandle:
         }
 
 
+RETURN_HISTORY = 40  # points of the mean training return kept in state.json, one per metrics interval
+
 # The scalars TensorBoard's HParams tab shows for each run (their last values: the run's final figures).
 HPARAM_METRICS = [M.EPISODE_RETURN_MEAN, M.EVAL_RETURN_MEAN, M.ENV_STEPS, M.ENV_STEPS_PER_S, M.SAMPLES_PER_S]
 
@@ -234,6 +236,7 @@ class Supervisor:
         self.handles = [ProcessHandle(p) for p in plan.processes]
         self.by_name = {h.spec.name: h for h in self.handles}
         self.hub = MetricsHub(spec.job.stop.train_return_window)
+        self.return_history: deque[float] = deque(maxlen=RETURN_HISTORY)  # the sparkline of rlctl status
         # A resumed run continues the counters (and TensorBoard's step axis) of the segments before it.
         self.segments: list[dict] = list((resumed or {}).get("segments", []))
         self.tb_floor = -1  # TensorBoard points of this segment come after this step
@@ -279,6 +282,7 @@ class Supervisor:
             "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
             "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],
             "stop": self.spec.job.stop.model_dump(), "episodes_seen": self.hub.episodes,
+            "return_history": list(self.return_history),
         }
 
     def host_rows(self) -> list[dict]:
@@ -638,6 +642,8 @@ class Supervisor:
         values = {k: v for k, v in snap.items() if isinstance(v, (int, float))}
         if episodes:  # the episodes that ended since the last point
             values[M.EPISODE_RETURN] = sum(episodes) / len(episodes)
+        if isinstance(snap.get(M.EPISODE_RETURN_MEAN), (int, float)):
+            self.return_history.append(float(snap[M.EPISODE_RETURN_MEAN]))
         tb.scalars(values, step)
         tb.flush()
 
