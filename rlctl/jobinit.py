@@ -94,6 +94,9 @@ def render_job_file(algo: str = "apex", env_id: str = "CartPole-v1", hosts: list
                                                     **role})
         elif header == "[replay]" and not replay:
             continue
+        elif header.endswith("(optional)"):  # a table to add when wanted: all of it commented out
+            lines = _section(header.split(" (")[0], model, {"project": "my-project"}, skip)
+            out += [line if line.startswith("# ") or not line else f"# {line}" for line in lines]
         else:
             commented = frozenset(HOST_COUNTS) if header == "[topology]" and hosts else frozenset()
             out += _section(header, model, values.get(header, {}), skip, commented)

@@ -22,7 +22,8 @@ SECTIONS = [
     ("[topology]", spec.TopologySpec, ()),
     ("[inference]", spec.InferenceSpec, ()),
     ("[evaluator]", spec.EvaluatorSpec, ()),
-    ("[logging]", spec.LoggingSpec, ()),
+    ("[logging]", spec.LoggingSpec, ("wandb",)),
+    ("[logging.wandb] (optional)", spec.WandbSpec, ()),
     ("[network]", spec.NetworkSpec, ()),
     ("[[hosts]] (optional; without it everything runs on this machine)", spec.HostSpec, ()),
 ]

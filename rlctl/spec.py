@@ -8,6 +8,7 @@ the file, the key path (`replay.alpha`) and the reason.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -272,6 +273,24 @@ class EvaluatorSpec(Section):
     """Episodes per round; their mean is `eval/return_mean`."""
 
 
+class WandbSpec(Section):
+    """Weights & Biases: the run's scalars (and its job as the config) mirrored to a W&B run."""
+
+    project: Annotated[str, Field(min_length=1, max_length=128)]
+    """W&B project."""
+    mode: Literal["offline", "online"] = "offline"
+    """`offline`: written under the run directory (`wandb sync` uploads it later); `online`: streamed (W&B's own
+    login or WANDB_API_KEY)."""
+    entity: str | None = None
+    """W&B entity (team or user); default W&B's."""
+
+    @model_validator(mode="after")
+    def _installed(self):
+        if importlib.util.find_spec("wandb") is None:
+            raise ValueError("needs the wandb package: pip install -e '.[wandb]'")
+        return self
+
+
 class LoggingSpec(Section):
     """Heartbeats, metrics and checkpoints."""
 
@@ -284,6 +303,9 @@ class LoggingSpec(Section):
     heartbeat_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 60.0
     """A running process silent this long (frozen, deadlocked, stopped with SIGSTOP) is hung: it is killed and
     restarted like one that died (a learner rank through torchrun)."""
+    wandb: WandbSpec | None = None
+    """Mirror the run's scalars to Weights & Biases: `{ project = "...", mode = "offline" }` (needs the wandb
+    extra); unset: TensorBoard only."""
 
 
 class NetworkSpec(Section):

@@ -237,6 +237,7 @@ class Supervisor:
         self.by_name = {h.spec.name: h for h in self.handles}
         self.hub = MetricsHub(spec.job.stop.train_return_window)
         self.return_history: deque[float] = deque(maxlen=RETURN_HISTORY)  # the sparkline of rlctl status
+        self.wandb = None  # rlctl.wandb_mirror.WandbMirror when the job asks for one
         # A resumed run continues the counters (and TensorBoard's step axis) of the segments before it.
         self.segments: list[dict] = list((resumed or {}).get("segments", []))
         self.tb_floor = -1  # TensorBoard points of this segment come after this step
@@ -373,6 +374,8 @@ class Supervisor:
             tb.hparams_end(self.status != "failed", time.time())
         finally:
             tb.close()
+            if self.wandb is not None:
+                self.wandb.finish(self.status != "failed")
 
     def _publish_final(self) -> None:
         """The last state.json; on a full disk, in place over the old one (whose blocks that frees), so `status`
@@ -402,6 +405,10 @@ class Supervisor:
         hparams = flatten(resolved_dict(self.spec))
         tb.text("hyperparameters", hyperparameter_table(hparams))
         tb.hparams_start(hparams, HPARAM_METRICS, self.started_at)
+        if self.spec.logging.wandb is not None and self.wandb is None:
+            from rlctl.wandb_mirror import open_mirror
+
+            self.wandb = open_mirror(self.spec.logging.wandb, self.plan.run_id, str(self.rundir.path), hparams)
         return tb
 
     def _loop(self, tb: TensorBoardWriter) -> None:
@@ -646,6 +653,8 @@ class Supervisor:
             self.return_history.append(float(snap[M.EPISODE_RETURN_MEAN]))
         tb.scalars(values, step)
         tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(values, step)
 
     # -- shutdown ------------------------------------------------------------
     def _shutdown(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 from conftest import REPO, only_run, read_state, run_cli, wait_for
 
@@ -201,3 +202,61 @@ def test_compare_shows_only_the_keys_that_differ_and_time_to_target(tmp_path):
     assert data[b]["time_to_target_s"] is None and data[b]["exit_reason"] == "wall time 600s >= 600s"
     assert data[a]["job"] == {"algorithm.lr": 0.001, "env.envs_per_collector": 8} and data[b]["env_steps"] == 900_000
     assert rows["time"] == ["to", "target", "2m00s", "not", "reached"]
+
+
+def _wandb_records(path):
+    """The records of an offline W&B run file (its LevelDB-style log of Record protos, 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, out, part = path.read_bytes(), 7, [], b""  # 7: the ":W&B" header, magic and version
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        part = chunk if kind in (1, 2) else part + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(part)
+            out.append(record)
+    return out
+
+
+def test_wandb_offline_mirrors_the_scalars_and_the_job(tmp_path):
+    job = tmp_path / "ppo.toml"
+    text = (REPO / "jobs" / "ppo.toml").read_text()
+    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?(?=^\[)", "[job.stop]\nenv_steps = 40000\nwall_s = 120\n\n", text)
+    job.write_text(text + '\n[logging.wandb]\nproject = "rlctl-test"\nmode = "offline"\n')
+    runs = tmp_path / "runs"
+    run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=240)
+    run_dir = only_run(runs)
+    assert read_state(run_dir)["status"] == "finished"
+    files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1, list(run_dir.rglob("*"))
+    records = _wandb_records(files[0])
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item} for r in records
+               if r.WhichOneof("record_type") == "history"]
+    config = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for r in records
+              if r.WhichOneof("record_type") == "run" for i in r.run.config.update}
+    steps = [h["charts/env_steps"] for h in history if "charts/env_steps" in h]
+    assert len(steps) >= 3 and steps == sorted(steps) and steps[-1] >= 40000, steps
+    assert all(h["_step"] == h["charts/env_steps"] for h in history if "charts/env_steps" in h)
+    assert any("charts/episode_return_mean" in h for h in history)
+    assert config["algorithm.name"] == "ppo" and config["env.id"] == "CartPole-v1"
+    # Nothing of W&B's is left running after the run.
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).find(str(run_dir)) >= 0]
+    assert not left, [_cmdline(p) for p in left]
+
+
+def _cmdline(p) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
