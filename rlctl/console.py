@@ -230,14 +230,6 @@ def _table(title: str | None, columns: list[str], rows: list[list]) -> "Table":
     return table
 
 
-def display_table(title: str | None, columns: list[str], rows: list[list], as_json: bool = False) -> None:
-    """Print a table (or, with as_json, a JSON list of dicts keyed by column)."""
-    if as_json:
-        print_json([{col: _plain_cell(cell) for col, cell in zip(columns, row)} for row in rows])
-        return
-    get_console().print(build_table(title, columns, rows))
-
-
 def _job_from_run_id(run_id: str) -> str:
     """Job name part of a run id ("apex-cartpole-20261129-220111" -> "apex-cartpole")."""
     parts = run_id.split("-")
@@ -400,11 +392,6 @@ def _spark(state: dict) -> str:
     history = state.get("return_history")
     line = sparkline(history if isinstance(history, list) else [])
     return f" {line}" if len(line) > 1 else ""
-
-
-def run_header(state: dict, now: float | None = None) -> str:
-    """The header lines as one line (job, algorithm, run id, status, elapsed, env steps, steps/s, returns, ...)."""
-    return " | ".join(header_lines(state, now))
 
 
 def progress_table(state: dict, width: int, now: float | None = None) -> "Table | None":
@@ -601,10 +588,12 @@ def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     figures, as raw numbers."""
     import tomllib
 
+    from rlctl.metrics import flatten
+
     jobs, states = [], []
     for rd in runs:
         try:
-            jobs.append(_flat(tomllib.loads(rd.job_toml.read_text())))
+            jobs.append(flatten(tomllib.loads(rd.job_toml.read_text())))
         except (OSError, ValueError):
             jobs.append({})
         states.append(rd.read_state() or {})
@@ -643,16 +632,6 @@ def compare_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
                ("eval return", "eval_return_mean", _format_float)]
     rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in figures]
     return ["", *data], rows
-
-
-def _flat(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _cell(value: Any) -> str:

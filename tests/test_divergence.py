@@ -8,7 +8,7 @@ import math
 import torch
 
 from rlctl import metric_names as M
-from rlctl.console import divergence_text, progress_line, run_header
+from rlctl.console import divergence_text, header_lines, progress_line
 from rlctl.roles.learner import DIVERGENCE_FACTOR, build_core, divergence
 from test_cores import collect_blocks, learner_batch, small_job
 
@@ -48,8 +48,8 @@ def test_apex_and_r2d2_cores_report_values_the_guard_reads():
 def test_live_table_and_status_name_a_diverging_run():
     state = {"job": "j", "algorithm": "apex", "run_id": "j-1", "status": "running", "started_at": 0,
              "metrics": {M.ENV_STEPS: 10, M.DIVERGING: 1, M.Q_ABS_MAX: 3.2e7, M.Q_BOUND: 100.0}}
-    for text in (run_header(state, now=1.0), progress_line(state, now=1.0)):
+    for text in (" | ".join(header_lines(state, now=1.0)), progress_line(state, now=1.0)):
         assert "DIVERGING: |Q| 3.2e+07 against a bound of 100" in text
     state["metrics"][M.DIVERGING] = 0
-    assert "DIVERGING" not in run_header(state, now=1.0)
+    assert "DIVERGING" not in " | ".join(header_lines(state, now=1.0))
     assert divergence_text({M.DIVERGING: 1, M.Q_ABS_MAX: float("nan")}) == "DIVERGING: non-finite losses or values"

@@ -216,15 +216,8 @@ def test_follow_logs_merges_a_round_by_time(tmp_path):
 # ---------------------------------------------------------------- console
 
 
-def test_display_table_as_json(capsys):
-    from rich.text import Text
-
-    console.display_table("t", ["a", "b"], [[1, Text("x", style="red")], ["[bold]y", None]], as_json=True)
-    assert json.loads(capsys.readouterr().out) == [{"a": 1, "b": "x"}, {"a": "[bold]y", "b": None}]
-
-
-def test_display_table_renders_text_not_markup(capsys):
-    console.display_table("runs", ["a"], [["[bold]literal"]])
+def test_tables_render_text_not_markup(capsys):
+    console.get_console().print(console.build_table("runs", ["a"], [["[bold]literal"]]))
     assert "[bold]literal" in capsys.readouterr().out
 
 
@@ -256,8 +249,8 @@ def test_progress_line_full_and_sparse():
     rollout = {**state, "metrics": {**state["metrics"], "learner/samples_per_s": 6700.0,
                                     "learner/policy_lag_mean": 1.25, "learner/rollouts_dropped": 3}}
     assert console.progress_line(rollout, now=112.3).endswith("updates/s=900 samples/s=6.7k lag=1.2 dropped=3")
-    assert console.run_header(rollout, now=112.3).endswith("| policy lag 1.2 | rollouts dropped 3")
-    assert "lag" not in console.run_header(state, now=112.3)
+    assert " | ".join(console.header_lines(rollout, now=112.3)).endswith("| policy lag 1.2 | rollouts dropped 3")
+    assert "lag" not in " | ".join(console.header_lines(state, now=112.3))
     assert console.progress_line({"status": "starting"}) == "[      -] starting"
     assert console.progress_line({}) == "[      -] unknown"
     assert console.progress_line({"status": "running", "metrics": None}).endswith("running")
@@ -274,7 +267,7 @@ def test_processes_table_rows_sparse_state():
     row = dict(zip(columns, (console._plain_cell(c) for c in rows[0])))
     assert row["rate"] == "12.3k env steps/s" and row["heartbeat"] == "0.4s ago" and row["state"] == "running"
     assert dict(zip(columns, rows[1]))["rate"] == "-"
-    console.display_table("processes", columns, rows)  # renders without error
+    console.get_console().print(console.build_table("processes", columns, rows))  # renders without error
 
 
 def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
@@ -285,7 +278,7 @@ def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
     table = [dict(zip(columns, map(console._plain_cell, r))) for r in rows]
     assert table[0]["state"] == "running" and table[0]["env steps"] == "5.0k" and table[0]["hosts"] == "localhost"
     assert table[1]["state"] == "unknown" and table[1]["job"] == "bare"
-    header = console.run_header({"status": "created"})
+    header = " | ".join(console.header_lines({"status": "created"}))
     assert "created" in header
     console.get_console().print(console.live_renderable(
         {"status": "failed", "exit_reason": "learner-0 exited with code 1",
