@@ -171,9 +171,18 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     total = state["metrics"]["charts/env_steps"]
     assert "continuing from" in log_text(run_dir, "learner-0")
     assert re.search(r"loaded snapshot \S+: \d+ transitions", log_text(run_dir, "replay-0"))
-    # It continued: the steps after the resume are a fraction of what a run from scratch needs.
-    print(f"fresh run {fresh_steps} env steps; killed at {steps_at_kill}, resumed run {total} in all")
-    assert steps_at_kill <= total and total - steps_at_kill < 0.5 * fresh_steps, (fresh_steps, steps_at_kill, total)
+    # It continued: the first greedy evaluation after the resume plays the policy of the kill (a return of 300
+    # then; a new network scores tens), and it needed fewer steps than a run from scratch. (Steps alone were too
+    # noisy a witness: how many steps Ape-X takes from 300 to three rounds at 475 varies with the machine's load.)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    after = [e.value for e in acc.Scalars("eval/return_mean") if e.step > steps_at_kill]
+    print(f"fresh run {fresh_steps} env steps; killed at {steps_at_kill}, resumed run {total} in all; "
+          f"evaluations after the resume {after[:5]}")
+    assert after and after[0] >= 150, after
+    assert steps_at_kill <= total and total - steps_at_kill < fresh_steps, (fresh_steps, steps_at_kill, total)
     assert len(state["segments"]) == 2
 
 
