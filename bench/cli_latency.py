@@ -10,8 +10,8 @@ rlctl.plan.make_plan) and state.json (shaped like the supervisor's) are realisti
 are "running" under a live pid, a few "lost", the rest finished/stopped/failed.
 
 Then, for each path, a child python imports rlctl.cli, invokes the app with those args
-(standalone_mode=False) and reports whether torch, numpy and pydantic (and a few more) ended
-up in sys.modules. Target: <= 0.3 s each, torch not imported.
+(standalone_mode=False) and reports whether torch, numpy, matplotlib and pydantic (and a few more)
+ended up in sys.modules. Target: <= 0.3 s each, none of torch, numpy, matplotlib imported.
 
 Last line: {"bench": "cli_latency", "help_s": ..., "status_s": ..., "torch_imported": false, ...}
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as H  # noqa: E402
 
 TARGET_S = 0.3
-HEAVY = ("torch", "numpy", "pydantic", "zmq", "gymnasium", "rich", "msgpack")
+HEAVY = ("torch", "numpy", "matplotlib", "tensorboard", "wandb", "pydantic", "zmq", "gymnasium", "rich", "msgpack")
 
 CHILD = r"""
 import contextlib, io, json, sys
@@ -214,8 +214,9 @@ def main() -> None:
             print(f"      imported: {', '.join(imported) or 'none of ' + '/'.join(HEAVY)}; "
                   f"torch {'IMPORTED' if r['modules']['torch'] else 'not imported'}, "
                   f"numpy {'imported' if r['modules']['numpy'] else 'not imported'}, "
+                  f"matplotlib {'imported' if r['modules']['matplotlib'] else 'not imported'}, "
                   f"pydantic {'imported' if r['modules']['pydantic'] else 'not imported'}")
-            if not r["median"] <= TARGET_S or any(r["modules"][m] for m in ("torch", "numpy", "pydantic")):
+            if not r["median"] <= TARGET_S or any(r["modules"][m] for m in ("torch", "numpy", "matplotlib", "pydantic")):
                 print("      largest top-level imports (python -X importtime, cumulative ms):")
                 for ms, name in import_profile(cli_args, env):
                     print(f"        {ms:8.1f}  {name}")
@@ -229,6 +230,7 @@ def main() -> None:
     H.emit_json({"bench": "cli_latency", "help_s": round(results["help"]["median"], 4),
                  "status_s": round(results["status"]["median"], 4), "torch_imported": torch_any,
                  "numpy_imported": any(r["modules"]["numpy"] for r in results.values()),
+                 "matplotlib_imported": any(r["modules"]["matplotlib"] for r in results.values()),
                  "pydantic_imported": any(r["modules"]["pydantic"] for r in results.values())})
 
 
