@@ -81,7 +81,8 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def init(algo: str = typer.Option("apex", "--algo", help="Algorithm (apex, ppo, appo, impala, r2d2)."),
+def init(algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm (apex, ppo, appo, impala, r2d2); "
+                                           "default the first of them."),
          env: str = typer.Option("CartPole-v1", "--env", help="gymnasium id or `module:attr` entry point."),
          hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH destinations: the first runs "
                                              "the learner, its replay shard and the evaluator, the others collectors.")

@@ -65,8 +65,10 @@ def _host_name(destination: str, i: int) -> str:
     return base if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", base or "") else f"host{i}"
 
 
-def render_job_file(algo: str = "apex", env_id: str = "CartPole-v1", hosts: list[str] | None = None) -> str:
-    """The job file text (every section; `[replay]` only for replay algorithms)."""
+def render_job_file(algo: str | None = None, env_id: str = "CartPole-v1", hosts: list[str] | None = None) -> str:
+    """The job file text (every section; `[replay]` only for replay algorithms); `algo` defaults to the first
+    registered algorithm."""
+    algo = algo or spec.ALGORITHM_NAMES[0]
     if algo not in spec.ALGORITHM_SPECS:
         raise ValueError(f"unknown algorithm {algo!r} (one of {', '.join(spec.ALGORITHM_NAMES)})")
     from rlctl.algos import ALGORITHMS, REPLAY
