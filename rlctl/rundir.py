@@ -219,13 +219,17 @@ class RunDir:
     def write_state(self, state: dict, in_place: bool = False) -> None:
         """Write state.json durably (temporary file, fsync, rename, fsync of the folder). `in_place`: overwrite the
         file itself, the last resort on a full disk (truncating it frees the blocks the new text needs)."""
-        data = (json.dumps(state, indent=1, default=str) + "\n").encode()
         if in_place:
+            # Only the blocks the file already has are sure to be there (truncating first freed them for whichever
+            # process wrote next, and a state larger than one page came back cut): compact text over the old bytes,
+            # padded with spaces, which JSON ignores, to the old length.
+            data = (json.dumps(state, separators=(",", ":"), default=str) + "\n").encode()
             with open(self.state_json, "r+b" if self.state_json.exists() else "wb") as f:
-                f.truncate(0)
-                f.write(data)
+                old = f.seek(0, os.SEEK_END)
+                f.seek(0)
+                f.write(data + b" " * max(0, old - len(data)))
             return
-        replace_bytes(self.state_json, data)
+        replace_bytes(self.state_json, (json.dumps(state, indent=1, default=str) + "\n").encode())
 
     def effective_status(self, state: dict | None = None) -> str:
         """Status from state (read from disk if not given); "lost" if the supervisor died, "unknown" if no state."""
