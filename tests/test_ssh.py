@@ -404,6 +404,9 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
 
 def test_stop_after_the_supervisor_died_ends_remote_processes_and_fetches_their_checkpoint(lab, tmp_path):
     runs, run_id = _detached_spread_run(lab, tmp_path, "ssh-orphans")
+    # The learner in its loop (it has updated), so that on its own stop it writes the checkpoint to fetch; a learner
+    # still starting when its supervisor dies has none to write.
+    wait_for(lambda: read_state(runs / run_id)["metrics"].get("learner/updates", 0) > 0, 60, what="a first update")
     state = read_state(runs / run_id)
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     wait_for(lambda: json.loads(run_cli(["status", run_id, "--json", "--runs-dir", str(runs)]).stdout)["status"]
