@@ -186,14 +186,16 @@ def build_table(title: str | None, columns: list[str], rows: list[list], width: 
     """A rich Table of rows; numeric columns are right-aligned; cells never wrap (a value too long for its column
     ends in an ellipsis). With `width`, the columns named in `drop` give way, in that order, until it fits."""
     keep = list(range(len(columns)))
-    for name in [None, *drop]:
-        if name is not None and name in columns and columns.index(name) in keep:
-            keep.remove(columns.index(name))
-        table = _table(title, [columns[i] for i in keep], [[row[i] if i < len(row) else None for i in keep]
-                                                           for row in rows])
-        if width is None or _least_width(table) <= width:
-            break
-    return table
+    if width is not None:
+        # Measured on a one-row stand-in with each column's widest text: measuring the real rows (a hundred runs)
+        # for every column dropped cost `rlctl status` a tenth of a second.
+        widest = [max([len(_plain_text(row[i])) for row in rows if i < len(row)] or [1]) for i in range(len(columns))]
+        for name in [None, *drop]:
+            if name is not None and name in columns and columns.index(name) in keep:
+                keep.remove(columns.index(name))
+            if _least_width(_table(title, [columns[i] for i in keep], [["x" * widest[i] for i in keep]])) <= width:
+                break
+    return _table(title, [columns[i] for i in keep], [[row[i] if i < len(row) else None for i in keep] for row in rows])
 
 
 def _least_width(renderable) -> int:
