@@ -6,7 +6,6 @@ inside the functions that render, so `import rlctl.console` stays cheap.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
@@ -22,6 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from rich.console import Console, RenderableType
     from rich.table import Table
     from rich.text import Text
+
+    from rlctl.text_table import TextTable
 
 _consoles: dict[bool, "Console"] = {}
 
@@ -169,66 +170,26 @@ def _plain_text(cell: Any) -> str:
     return "-" if plain is None else str(plain)
 
 
-def _render_cell(cell: Any, one_line: bool = False) -> "RenderableType":
-    """A table cell for rich: strings are plain text (never markup), None is "-"; `one_line` cells end in "…"
-    rather than wrap."""
-    from rich.text import Text
-
-    if cell is None:
-        return Text("-", style="dim")
-    if isinstance(cell, (str, int, float)):
-        return Text(str(cell), no_wrap=one_line or None, overflow="ellipsis" if one_line else None)
-    return cell
-
-
 def build_table(title: str | None, columns: list[str], rows: list[list], width: int | None = None,
-                drop: list[str] = ()) -> "Table":
-    """A rich Table of rows; numeric columns are right-aligned; cells never wrap (a value too long for its column
-    ends in an ellipsis). With `width`, the columns named in `drop` give way, in that order, until it fits."""
-    keep = list(range(len(columns)))
-    if width is not None:
-        # Measured on a one-row stand-in with each column's widest text: measuring the real rows (a hundred runs)
-        # for every column dropped cost `rlctl status` a tenth of a second.
-        widest = [max([len(_plain_text(row[i])) for row in rows if i < len(row)] or [1]) for i in range(len(columns))]
-        for name in [None, *drop]:
-            if name is not None and name in columns and columns.index(name) in keep:
-                keep.remove(columns.index(name))
-            if _least_width(_table(title, [columns[i] for i in keep], [["x" * widest[i] for i in keep]])) <= width:
-                break
-    return _table(title, [columns[i] for i in keep], [[row[i] if i < len(row) else None for i in keep] for row in rows])
+                drop: list[str] = ()) -> "TextTable":
+    """A table of rows; numeric columns are right-aligned; cells never wrap (a free-text value too long for its
+    column ends in an ellipsis). With `width`, the columns named in `drop` give way, in that order, until it fits."""
+    from rlctl.text_table import TextTable, text_cell
 
-
-def _least_width(renderable) -> int:
-    """Columns `renderable` needs at least (free text shrunk to its header, nothing else)."""
-    from rich.console import Console
-    from rich.measure import Measurement
-
-    con = Console(width=10_000, file=io.StringIO())
-    return Measurement.get(con, con.options, renderable).minimum
-
-
-def _table(title: str | None, columns: list[str], rows: list[list]) -> "Table":
-    from rich import box
-    from rich.table import Table
-
-    # collapse_padding: tables must stay readable in 80-column (non-TTY) output.
-    table = Table(
-        title=title, box=box.SIMPLE_HEAD, title_justify="left", header_style="bold", collapse_padding=True, pad_edge=False
-    )
-    for i, name in enumerate(columns):
+    cells = [[text_cell(row[i] if i < len(row) else None) for i in range(len(columns))] for row in rows]
+    right = []
+    for i in range(len(columns)):
         values = [row[i] for row in rows if i < len(row) and row[i] is not None]
-        numeric = bool(values) and all(_num(v) is not None for v in values)
-        # Names, hosts and units are never split across lines, nor squeezed: only free text (a note) gives way,
-        # cut with "…".
-        natural = max([len(name), *(len(_plain_text(v)) for v in values)])
-        free = name in FREE_TEXT_COLUMNS
-        # rich shrinks only wrappable columns: free text is one, its cells cut to one line below.
-        table.add_column(name, justify="right" if numeric else "left", no_wrap=not free, overflow="ellipsis",
-                         min_width=len(name) if free else natural)
-    free = [name in FREE_TEXT_COLUMNS for name in columns]
-    for row in rows:
-        cells = list(row) + [None] * (len(columns) - len(row))
-        table.add_row(*(_render_cell(c, one_line) for c, one_line in zip(cells[: len(columns)], free)))
+        right.append(bool(values) and all(_num(v) is not None for v in values))
+    keep = list(range(len(columns)))
+    table = None
+    for name in [None, *drop]:
+        if name is not None and name in columns and columns.index(name) in keep:
+            keep.remove(columns.index(name))
+        table = TextTable(title, [columns[i] for i in keep], [[row[i] for i in keep] for row in cells],
+                          [right[i] for i in keep], [columns[i] in FREE_TEXT_COLUMNS for i in keep])
+        if width is None or table.least_width() <= width:
+            break
     return table
 
 
@@ -321,7 +282,7 @@ def _processes(state: dict) -> list[dict]:
     return [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
 
 
-def processes_table(state: dict, width: int | None, now: float | None = None) -> "Table":
+def processes_table(state: dict, width: int | None, now: float | None = None) -> "TextTable":
     """The processes table, fitted to `width`: the note column only when a process has a note; then pid, host (when
     every process is local), heartbeat age, rank and role give way, in that order, until it fits."""
     columns, rows = processes_table_rows(state, now)
@@ -332,7 +293,7 @@ def processes_table(state: dict, width: int | None, now: float | None = None) ->
     return build_table(None, columns, rows, width, drop)
 
 
-def runs_table(runs: list[RunDir], width: int | None) -> "Table":
+def runs_table(runs: list[RunDir], width: int | None) -> "TextTable":
     """The runs table of `rlctl status`, fitted to `width` (hosts when every run is local, then start time,
     algorithm and job give way)."""
     columns, rows = runs_table_rows(runs)

@@ -139,12 +139,6 @@ def test_a_killed_replay_shard_comes_back_with_its_contents_and_the_job_solves(t
 
 
 def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run(tmp_path, mark):
-    # A fresh run of the same job first: what a run that did not continue would need.
-    fresh_runs = tmp_path / "fresh"
-    run_cli(["run", str(apex_job(tmp_path)), "--runs-dir", str(fresh_runs)], env={"RLCTL_TEST_MARK": mark},
-            timeout=CAP_S + 60)
-    fresh_steps = assert_solved(only_run(fresh_runs))["metrics"]["charts/env_steps"]
-
     runs = tmp_path / "runs"
     # A target no return reaches (CartPole's is at most 500): the run cannot finish before the kill (confirming
     # rounds run back to back, so any reachable target raced it); the resume brings the real one in, a change of
@@ -173,18 +167,18 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     assert "continuing from" in log_text(run_dir, "learner-0")
     assert re.search(r"loaded snapshot \S+: \d+ transitions", log_text(run_dir, "replay-0"))
     # It continued: the first weights evaluated after the resume are the killed learner's (its checkpoint, at most a
-    # second older: a version near the one at the kill, where a new learner would start from 0), and it needed
-    # fewer steps than a run from scratch. (Neither the steps nor the first greedy return are steady witnesses: how
-    # Ape-X goes from 300 to three rounds at 475, and what one round of a policy at 300 scores, vary from run to run.)
+    # second older: a version near the one at the kill, where a new learner would start from 0), at env steps counted
+    # on from the kill. (Steps to solve are no witness: from a greedy 300 to three rounds at 475 Ape-X took anywhere
+    # from a few thousand to more steps than a fresh run, in CI, with the learner's weights carried over.)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
-    after = [e.value for e in acc.Scalars("eval/version") if e.step > steps_at_kill]
-    print(f"fresh run {fresh_steps} env steps; killed at {steps_at_kill} (learner version {version_at_kill}), "
-          f"resumed run {total} in all; versions evaluated after the resume {after[:5]}")
-    assert version_at_kill > 100 and after and after[0] >= version_at_kill / 2, (version_at_kill, after)
-    assert steps_at_kill <= total and total - steps_at_kill < fresh_steps, (fresh_steps, steps_at_kill, total)
+    after = [(e.step, e.value) for e in acc.Scalars("eval/version") if e.wall_time > killed_at]
+    print(f"killed at {steps_at_kill} env steps (learner version {version_at_kill}), resumed run {total} in all; "
+          f"(env steps, version) evaluated after the resume {after[:5]}")
+    assert version_at_kill > 100 and after and after[0][1] >= version_at_kill / 2, (version_at_kill, after)
+    assert steps_at_kill <= after[0][0] <= total, (steps_at_kill, after, total)
     assert len(state["segments"]) == 2
 
 
