@@ -7,6 +7,7 @@ Imports here stay light (typer + the standard library): `--help`, `status`,
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -39,6 +40,11 @@ def _complete_run(incomplete: str) -> list[str]:
     return [r.run_id for r in list_runs(runs_root()) if r.run_id.startswith(incomplete)]
 
 
+SbatchNodesOpt = typer.Option(None, "--nodes", min=1, help="With --sbatch: nodes to ask for [default: "
+                              "cluster.node_count, else the learner nodes and one more].")
+PartitionOpt = typer.Option(None, "--partition", help="With --sbatch: the Slurm partition.")
+TimeOpt = typer.Option(None, "--time", help="With --sbatch: the time limit (Slurm's format, e.g. 2:00:00).")
+AccountOpt = typer.Option(None, "--account", help="With --sbatch: the Slurm account.")
 RunsDirOpt = typer.Option(None, "--runs-dir", help="Parent folder of run directories [env: RLCTL_RUNS_DIR; default ./runs].")
 RunArg = typer.Argument(None, help="Run id or unique prefix; default the newest run.", autocompletion=_complete_run)
 JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
@@ -127,6 +133,10 @@ def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")
 
 @app.command()
 def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool = JsonOpt,
+         sbatch: bool = typer.Option(False, "--sbatch", help="Print the batch script `rlctl run --sbatch` would "
+                                     "submit (cluster.scheduler = \"slurm\"); submit nothing."),
+         nodes: Optional[int] = SbatchNodesOpt, partition: Optional[str] = PartitionOpt,
+         time_limit: Optional[str] = TimeOpt, account: Optional[str] = AccountOpt,
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Render the launch plan (every process, host, command, port); start nothing."""
     from rlctl.console import get_console, print_json
@@ -135,15 +145,20 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
 
     spec = _load(job_file)
     run_id = new_run_id(spec.job.name)
+    if sbatch:
+        sys.stdout.write(_sbatch_script(spec, str((runs_root(runs_dir) / run_id).resolve()), nodes,
+                                        {"partition": partition, "time": time_limit, "account": account}))
+        return
+    spec, control_address = _on_allocation(spec)
     p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python(),
-                  addresses=_host_addresses(spec))
+                  addresses=_host_addresses(spec), control_address=control_address)
     _warn_machine(spec)
     if as_json:
         print_json(p.to_dict())
         return
     con = get_console()
     out = [f"job {p.job} ({p.algorithm})  run dir {p.run_dir}  binds {p.bind_host}  ports {', '.join(map(str, p.ports()))}",
-           f"hosts: {', '.join(h['name'] + ('' if h['local'] else ' (ssh ' + h['destination'] + ')') for h in p.hosts)}", ""]
+           f"hosts: {', '.join(h['name'] + _reached(h, spec) for h in p.hosts)}", ""]
     for x in p.processes:
         binds = "  ".join(f"{k}={v}" for k, v in x.binds.items())
         threads = x.env.get("RLCTL_TORCH_THREADS", "1")
@@ -171,6 +186,12 @@ def run(job_file: Optional[Path] = typer.Argument(
                                            "stop criteria, topology counts and hosts may differ)."),
         until: List[str] = typer.Option([], "--until", help="With --resume: new stop criteria replacing the old "
                                         "ones, e.g. --until env_steps=500000 (repeatable)."),
+        sbatch: bool = typer.Option(False, "--sbatch", help="Submit the job to Slurm as a batch job "
+                                    "(cluster.scheduler = \"slurm\") and print its run id; see `rlctl plan --sbatch`."),
+        nodes: Optional[int] = SbatchNodesOpt, partition: Optional[str] = PartitionOpt,
+        time_limit: Optional[str] = TimeOpt, account: Optional[str] = AccountOpt,
+        slurm_run_dir: Optional[Path] = typer.Option(None, "--slurm-run-dir", hidden=True,
+                                                     help="The run directory --sbatch made (its batch script)."),
         runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
     from rlctl.plan import choose_base_port, local_python, make_plan
@@ -178,33 +199,43 @@ def run(job_file: Optional[Path] = typer.Argument(
     from rlctl.spec import dumps_toml, host_secrets, resolved_dict
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
+    rundir = None
     if resume:
         rundir, spec, resumed = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
+    elif slurm_run_dir is not None:
+        rundir, resumed = RunDir(slurm_run_dir.resolve()), None
+        spec = _load(rundir.job_toml)
     else:
         if job_file is None:
             raise _bad_input("rlctl run: give a job file (or --resume [RUN])")
         if job is not None or until:
             raise _bad_input("rlctl run: --job and --until go with --resume")
         spec, resumed = _load(job_file), None
+    if sbatch:
+        raise typer.Exit(_submit(spec, runs_dir, nodes, {"partition": partition, "time": time_limit,
+                                                         "account": account}))
+    spec, control_address = _on_allocation(spec)
     _warn_machine(spec)
     base_port = choose_base_port(spec)
     addresses = _host_addresses(spec)
     token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
     if any(not h.is_local for h in spec.hosts):
         _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses,
-                                   board_token=token))
-    if resumed is None:
+                                   board_token=token, control_address=control_address))
+    if rundir is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
     secrets_of_hosts = host_secrets(spec)
     if secrets_of_hosts:
         rundir.write_secrets(secrets_of_hosts)
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
-                  board_token=token)
+                  board_token=token, control_address=control_address)
     rundir.plan_json.write_text(p.to_json())
+    slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
-                        "hosts": [h["name"] for h in p.hosts], **({"resumed": resumed} if resumed else {})})
+                        "hosts": [h["name"] for h in p.hosts], **({"resumed": resumed} if resumed else {}),
+                        **({"slurm_job_id": slurm_job} if slurm_job else {})})
     if detach:
         out = open(rundir.path / "supervisor.out", "ab")
         subprocess.Popen([sys.executable, "-m", "rlctl.supervise", str(rundir.path)], stdin=subprocess.DEVNULL,
@@ -214,6 +245,75 @@ def run(job_file: Optional[Path] = typer.Argument(
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
+
+
+def _on_allocation(spec):
+    """(job, where Slurm steps reach this process): a cluster.scheduler = "slurm" job placed on the allocation this
+    process is inside (exit 2 naming why it cannot be); any other job as it is."""
+    if spec.cluster.scheduler != "slurm":
+        return spec, "127.0.0.1"
+    from rlctl.plan import local_python
+    from rlctl.slurm import SlurmError, allocation_from_env, route_address, with_allocation
+
+    try:
+        alloc = allocation_from_env()
+        placed = with_allocation(spec, alloc, local_python(), os.getcwd())
+        return placed, route_address(alloc.addresses[alloc.nodes[0]])
+    except SlurmError as exc:
+        raise _bad_input(f"rlctl: {exc}") from None
+
+
+def _reached(host: dict, spec) -> str:
+    """How `rlctl plan` says a host is reached: nothing for this machine, else ssh or srun and where."""
+    if host["local"]:
+        return ""
+    slurm = next((h.slurm_job for h in spec.hosts if h.name == host["name"]), None)
+    return f" (srun, job {slurm})" if slurm else f" (ssh {host['destination']})"
+
+
+def _sbatch_script(spec, run_dir: str, nodes: Optional[int], options: dict) -> str:
+    """The batch script for a cluster.scheduler = "slurm" job (exit 2 for any other)."""
+    from rlctl.plan import local_python
+    from rlctl.slurm import sbatch_script
+
+    if spec.cluster.scheduler != "slurm":
+        raise _bad_input('rlctl: --sbatch needs cluster.scheduler = "slurm" in the job file')
+    given = {k: v for k, v in options.items() if v is not None}
+    for key, value in given.items():
+        if not re.fullmatch(r"[A-Za-z0-9_.:,+-]{1,128}", value):
+            raise _bad_input(f"rlctl: --{key} {value!r}: letters, digits and _.:,+- only")
+    count = nodes or spec.cluster.node_count or spec.cluster.learner_nodes + 1
+    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count,
+                         {**spec.cluster.sbatch_options, **given})
+
+
+def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict) -> int:
+    """`rlctl run --sbatch`: the run directory made (status queued), its batch script submitted; prints the run id."""
+    from rlctl.rundir import RunDir, runs_root
+    from rlctl.slurm import SlurmError, submit
+    from rlctl.spec import dumps_toml, host_secrets, resolved_dict
+
+    if host_secrets(spec):
+        raise _bad_input("rlctl: --sbatch: hosts[].env is not used with Slurm")
+    rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
+    script = _sbatch_script(spec, str(rundir.path), nodes, options)
+    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
+    (rundir.path / "sbatch.sh").write_text(script)
+    try:
+        job_id = submit(script)
+    except SlurmError as exc:
+        rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
+                            "status": "failed", "exit_reason": f"not submitted: {exc}", "started_at": time.time(),
+                            "ended_at": time.time(), "processes": [], "metrics": {}})
+        print(f"rlctl: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
+                        "status": "queued", "slurm_job_id": job_id, "started_at": time.time(), "processes": [],
+                        "metrics": {}})
+    print(rundir.run_id)
+    print(f"  Slurm job {job_id}\n  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n"
+          f"  rlctl stop {rundir.run_id}", file=sys.stderr)
+    return 0
 
 
 def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
@@ -354,6 +454,8 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
         _reap(state)
         _confirm_remote_hosts(rd)
         return
+    if _supervised_by_batch_job(state):
+        raise typer.Exit(_stop_batch_job(rd, state, timeout))
     pid = state.get("supervisor_pid")
     if status_now != "lost" and same_process(pid, state.get("supervisor_start")):
         os.kill(pid, signal.SIGTERM)
@@ -388,6 +490,48 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
         raise typer.Exit(EXIT_FAILED)
 
 
+def _supervised_by_batch_job(state: dict) -> bool:
+    """A run submitted with --sbatch whose supervisor is (or will be) a batch job on another machine."""
+    import socket
+
+    job = state.get("slurm_job_id")
+    host = state.get("supervisor_host")
+    return (isinstance(job, int) and not isinstance(job, bool) and job > 0
+            and (state.get("status") == "queued" or (isinstance(host, str) and host != socket.gethostname())))
+
+
+def _stop_batch_job(rd, state: dict, timeout: float) -> int:
+    """Stop a batch-job run: SIGTERM to its supervisor through Slurm (a graceful stop, as Ctrl-C), then `scancel`
+    of the job if it has not ended within `timeout`. Returns the exit code."""
+    from rlctl.rundir import TERMINAL_STATES
+    from rlctl.slurm import SlurmError, job_nodes, slurm_command
+
+    job = state["slurm_job_id"]
+    try:
+        if state.get("status") == "queued":
+            slurm_command("scancel", str(job))
+            state = rd.read_state() or state
+            if state.get("status") == "queued":  # it never started
+                state.update(status="stopped", ended_at=time.time(), exit_reason=f"Slurm job {job} cancelled")
+                rd.write_state(state)
+        else:
+            slurm_command("scancel", "--signal=TERM", "--batch", str(job))
+        deadline = time.time() + timeout
+        while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
+            time.sleep(0.2)
+        while time.time() < deadline and job_nodes(job) is not None:  # the batch job ends once its supervisor has
+            time.sleep(0.2)
+        if job_nodes(job) is not None:
+            print(f"{rd.run_id} did not stop within {timeout:g}s: cancelling Slurm job {job}", file=sys.stderr)
+            slurm_command("scancel", str(job))
+            return EXIT_FAILED
+    except SlurmError as exc:
+        print(f"rlctl: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{rd.run_id} {rd.effective_status()} (Slurm job {job} ended)")
+    return 0
+
+
 def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
     """Check on every remote host of the run, at once, that none of its processes is left (killing any that are).
 
@@ -404,6 +548,13 @@ def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
     from rlctl.spec import load_job
 
     hosts = [h for h in load_job(rd.job_toml).hosts if h.name in remote]
+    slurm_jobs = {h.slurm_job for h in hosts if h.slurm_job is not None}
+    if slurm_jobs:
+        from rlctl.slurm import job_nodes
+
+        if all(job_nodes(job) is None for job in slurm_jobs):
+            print(f"  Slurm job {', '.join(map(str, sorted(slurm_jobs)))} has ended: Slurm ended every step of it")
+            return True
     if fetch_checkpoints:
         deadline = time.time() + SESSION_LOST_GRACE_S + 3
         while time.time() < deadline and any(r.get("left") for r in sweep_hosts(hosts, rd.run_id, kill=False).values()):

@@ -28,6 +28,7 @@ _consoles: dict[bool, "Console"] = {}
 
 STATUS_STYLES = {
     "created": "cyan",
+    "queued": "cyan",
     "starting": "cyan",
     "running": "green",
     "restarting": "yellow",
@@ -315,7 +316,8 @@ def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
     for r in rows:
         st = str(r.get("state", "-"))
         style = "bold red" if st == "lost" else ("green" if st == "ok" else "yellow")
-        out.append([r.get("name"), "ssh" if r.get("remote") else "local", Text(st, style=style),
+        where = r.get("via") if r.get("via") in ("local", "ssh", "slurm") else "ssh" if r.get("remote") else "local"
+        out.append([r.get("name"), where, Text(st, style=style),
                     f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0)])
     return HOST_COLUMNS, out
 

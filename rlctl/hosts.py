@@ -99,12 +99,37 @@ class SSHLauncher:
         return self.ssh_prefix(host) + ["--", self.shell_command(host, [host.python, "-m", "rlctl.remote", *args])]
 
 
-LAUNCHERS = {"local": LocalLauncher(), "ssh": SSHLauncher()}
+class SlurmLauncher:
+    """Processes on a node of the Slurm allocation the run is inside, each one a job step (`srun --overlap`): Slurm
+    accounts for it and `scancel` ends it. Its environment travels with srun (never on a command line); the keys,
+    as over SSH, on the step's stdin."""
+
+    remote = True
+
+    def step_prefix(self, host: HostSpec) -> list[str]:
+        """`srun` for one task on the host's node, sharing the allocation's CPUs with the job's other steps."""
+        cmd = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host.destination}",
+               f"--jobid={host.slurm_job}", "--quiet"]
+        if host.workdir:
+            cmd.append(f"--chdir={host.workdir}")
+        return cmd
+
+    def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0,
+             secret: frozenset = frozenset()) -> list[str]:
+        """The local `srun ...` command line that starts `argv` on the node, tethered to the step's stdin."""
+        return self.step_prefix(host) + [host.python, "-m", "rlctl.remote", "run", "--", *argv]
+
+    def helper_argv(self, host: HostSpec, *args: str) -> list[str]:
+        """`srun ...` running `python -m rlctl.remote ARGS` on the node (check, sweep, pull)."""
+        return self.step_prefix(host) + [host.python, "-m", "rlctl.remote", *args]
 
 
-def launcher_for(host: HostSpec) -> LocalLauncher | SSHLauncher:
+LAUNCHERS = {"local": LocalLauncher(), "ssh": SSHLauncher(), "slurm": SlurmLauncher()}
+
+
+def launcher_for(host: HostSpec) -> LocalLauncher | SSHLauncher | SlurmLauncher:
     """The launcher that reaches `host`."""
-    return LAUNCHERS["local" if host.is_local else "ssh"]
+    return LAUNCHERS["local" if host.is_local else "slurm" if host.slurm_job is not None else "ssh"]
 
 
 def ssh_hostnames(hosts: list[HostSpec]) -> dict[str, str]:
@@ -128,14 +153,13 @@ def ssh_hostnames(hosts: list[HostSpec]) -> dict[str, str]:
 
 
 def on_hosts(hosts: list[HostSpec], args, timeout: float = 30.0) -> dict[str, subprocess.CompletedProcess]:
-    """Run `python -m rlctl.remote ARGS` on every host at once; host name -> finished ssh process.
+    """Run `python -m rlctl.remote ARGS` on every host at once (over SSH, or as a Slurm step); host name -> finished
+    ssh (or srun) process.
 
     `args` is a list of arguments for every host, or a function of the host giving its own.
     """
-    ssh = SSHLauncher()
-
     def one(h: HostSpec) -> subprocess.CompletedProcess:
-        argv = ssh.helper_argv(h, *(args(h) if callable(args) else args))
+        argv = launcher_for(h).helper_argv(h, *(args(h) if callable(args) else args))
         try:
             return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:

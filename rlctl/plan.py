@@ -6,6 +6,7 @@ the base port), so `rlctl plan` shows exactly what `rlctl run` will start.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -47,6 +48,7 @@ class ProcessSpec:
     critical: bool = False
     remote: bool = False  # started over SSH: argv is the `ssh` command, env is what the remote side gets
     secret_keys: tuple[str, ...] = ()  # env keys whose values are secrets (the host's own env): never shown or on argv
+    command: tuple[str, ...] = ()  # what runs on the host, before its launcher (ssh, srun) wraps it into argv
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class LaunchPlan:
         """Plain data (for plan.json and `rlctl plan --json`), secrets masked."""
         data = asdict(self)
         for proc in data["processes"]:
-            proc["secret_keys"] = list(proc["secret_keys"])  # as JSON has it
+            proc["secret_keys"], proc["command"] = list(proc["secret_keys"]), list(proc["command"])  # as JSON has them
             for key in proc["env"]:
                 if mask_secrets and (key in SECRET_ENV or key in proc["secret_keys"]):
                     proc["env"][key] = SECRET_MASK
@@ -160,11 +162,12 @@ def job_warnings(spec: JobSpec) -> list[str]:
 
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
               keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None,
-              board_token: str = "") -> LaunchPlan:
+              board_token: str = "", control_address: str = "127.0.0.1") -> LaunchPlan:
     """Render the launch plan. Pure: the same inputs give the same plan.
 
     `addresses` (host name -> address) says where hosts without an `advertise_address` are reached, e.g. what
     their SSH destinations resolve to (`hosts.ssh_hostnames`); default: the destination itself.
+    `control_address`: where Slurm steps reach the supervisor's control socket (an SSH session forwards it instead).
     """
     hosts = placement(spec)
     all_local = all(h.is_local for h in hosts)
@@ -192,9 +195,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # Central inference: servers on the learner hosts, each with its request port; collector c asks server c % n.
     servers = [h for h in learner_nodes for _ in range(spec.inference.servers_per_host if spec.central_inference else 0)]
     inference_ports = [next(port) for _ in servers]
-    # The supervisor's control socket lives on the launching machine.
+    # The supervisor's control socket lives on the launching machine: on loopback, where SSH sessions forward it;
+    # Slurm steps connect to it (as srun's own steps do to srun) at the address the nodes route to.
+    slurm = any(h.slurm_job is not None for h in hosts)
+    control = f"tcp://{control_address if slurm else '127.0.0.1'}:{control_port}"
     endpoints: dict[str, object] = {
-        "control": f"tcp://127.0.0.1:{control_port}",
+        "control": control,
         "weights": f"tcp://{addr(head)}:{weights_port}",
         "rendezvous": f"{addr(head)}:{rdzv_port}",
         "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
@@ -232,12 +238,14 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
             # The job file arrives on the session's stdin; the run's files live under the host's workdir.
             remote_dir = remote_run_dir(run_id)
             env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(run_id),
-                       RLCTL_CONTROL=f"ipc://{control_socket(run_id, name, board_token)}")
+                       RLCTL_CONTROL=control if h.slurm_job is not None
+                       else f"ipc://{control_socket(run_id, name, board_token)}")
         py = python if (python and h.is_local) else h.python
         secret = tuple(sorted(h.env))
-        full = launcher_for(h).argv(h, [py if a == "{python}" else a for a in argv], env, control_port, frozenset(secret))
+        command = [py if a == "{python}" else a for a in argv]
+        full = launcher_for(h).argv(h, command, env, control_port, frozenset(secret))
         procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local,
-                                 secret))
+                                 secret, tuple(command)))
 
     def learner_threads(h: HostSpec, ranks: int) -> str:
         """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
@@ -278,10 +286,20 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         add("collector", rank, h, ["{python}", "-m", collector_module], {})
 
     host_rows = [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": addr(h),
+                  "via": "local" if h.is_local else "slurm" if h.slurm_job is not None else "ssh",
                   "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
                   "evaluator": h.evaluator} for h in hosts]
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, bind_host, base_port,
                       endpoints, host_rows, procs, board_token)
+
+
+def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
+    """A collector of a lost Slurm node, placed on another node of the allocation (reached at `address`): the same
+    process and keys, weights over the network (the head's shared-memory board is for its own host)."""
+    env = {k: v for k, v in proc.env.items() if k != "RLCTL_WEIGHT_BOARD"}
+    env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
+    argv = launcher_for(host).argv(host, list(proc.command), env, 0, frozenset(proc.secret_keys))
+    return dataclasses.replace(proc, host=host.name, argv=argv, env=env)
 
 
 def usable_cpus() -> int:

@@ -1,6 +1,6 @@
 """Before anything starts: every remote host of a plan checked at once, each failure named with its host and cause.
 
-A host passes when SSH reaches it, its Python runs rlctl at this version (and has torch where a torch role
+A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has torch where a torch role
 runs), and the ports the plan binds there are free. Nothing is started anywhere, so a failed check leaves nothing
 to clean up.
 """
@@ -27,6 +27,10 @@ def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) 
     """What is wrong with one host, from its `rlctl.remote check` run; None when it is fit."""
     where = f"host {h.name} ({h.destination}{':' + str(h.port) if h.port else ''})"
     err = proc.stderr.decode("utf-8", "replace")
+    if h.slurm_job is not None:
+        where = f"node {h.name} (Slurm job {h.slurm_job})"
+        if proc.returncode != 0 and "srun: error" in err:
+            return f"{where}: srun could not start a step there: {ssh_failure(proc)}"
     if proc.returncode == 255:
         return f"{where}: cannot connect over SSH: {ssh_failure(proc)}"
     if proc.returncode == 124:

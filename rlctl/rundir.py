@@ -14,6 +14,7 @@ import heapq
 import json
 import os
 import re
+import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from rlctl.durable import replace_bytes
 TERMINAL_STATES = frozenset({"finished", "stopped", "failed"})
 # Statuses after which nothing new will be written to the run directory.
 OVER_STATES = TERMINAL_STATES | {"lost"}
+REMOTE_SUPERVISOR_STALE_S = 30.0  # a supervisor on another host that has not written state.json for this long is lost
 
 RUNS_DIR_ENV = "RLCTL_RUNS_DIR"
 _ID_TIME_FORMAT = "%Y%m%d-%H%M%S"
@@ -138,6 +140,13 @@ def status_of(state: dict | None) -> str:
     if status in TERMINAL_STATES or status == "unknown":
         return status
     pid = state.get("supervisor_pid")
+    host = state.get("supervisor_host")
+    if isinstance(host, str) and host != socket.gethostname():
+        # A supervisor on another machine (a Slurm batch job's first node): its pid means nothing here, but it
+        # rewrites state.json twice a second while it lives.
+        updated = state.get("updated_at")
+        stale = isinstance(updated, (int, float)) and time.time() - updated > REMOTE_SUPERVISOR_STALE_S
+        return "lost" if stale else status
     # Without a pid (e.g. "created" before the supervisor started) we cannot tell; trust the file. A pid reused by
     # another process (another start time) is a dead supervisor too.
     if pid is not None and not same_process(pid, state.get("supervisor_start")):

@@ -319,6 +319,61 @@ class NetworkSpec(Section):
     frozen supervisor) stops itself, rather than run on unsupervised; the supervisor pings every third of it."""
 
 
+class ClusterNodeSpec(Section):
+    """What runs on one node of a Slurm allocation, where it differs from the `[cluster]` rules."""
+
+    learner: bool | None = None
+    """Run a learner node here (in place of the first `cluster.learner_nodes` nodes)."""
+    collectors: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """Collector processes here."""
+    replay_shards: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """Replay shards here."""
+    evaluator: bool | None = None
+    """Run the evaluator here (and nowhere else)."""
+
+
+class ClusterSpec(Section):
+    """Where the hosts come from: `[[hosts]]` reached over SSH, or the nodes of a Slurm allocation."""
+
+    scheduler: Literal["ssh", "slurm"] = "ssh"
+    """`ssh`: the `[[hosts]]` listed (or this machine alone). `slurm`: run inside an allocation (`salloc`, or
+    `rlctl run --sbatch`): the nodes of SLURM_JOB_NODELIST are the hosts, every process starts as a job step
+    (`srun --overlap`), placed by the keys below."""
+    learner_nodes: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Slurm: the first this many nodes of the allocation each run a torchrun learner node (the first is the head);
+    `topology.learner_procs` processes on each."""
+    collectors_per_node: Annotated[int, Field(ge=0, le=100_000)] = 2
+    """Slurm: collector processes on every node that runs no learner."""
+    learner_node_collectors: Annotated[int, Field(ge=0, le=100_000)] = 0
+    """Slurm: collector processes on each learner node."""
+    replay_shards_per_learner_node: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    """Slurm, replay algorithms: shards on each learner node, next to the ranks that sample them; default one per
+    learner process there."""
+    evaluator: Literal["head", "last", "none"] = "head"
+    """Slurm: the evaluator runs on the head learner node, on the allocation's last node, or nowhere."""
+    node_count: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    """Slurm: nodes the job uses, the allocation's first ones (default: all of them); what `--sbatch` asks for
+    (default: the learner nodes and one more)."""
+    nodes: dict[str, ClusterNodeSpec] = {}
+    """Slurm: per-node overrides, by node name (`[cluster.nodes.gpu-017] collectors = 8`)."""
+    python: str | None = None
+    """Slurm: Python interpreter on the nodes; default the one running `rlctl` (a shared file system is assumed)."""
+    workdir: str | None = None
+    """Slurm: working directory on the nodes; default the directory `rlctl run` was started in."""
+    sbatch_options: dict[str, str] = {}
+    """Slurm: extra `#SBATCH --KEY=VALUE` lines for `rlctl run --sbatch` (e.g. `{ qos = "high" }`); `--partition`,
+    `--time` and `--account` given on the command line win."""
+
+    @field_validator("sbatch_options")
+    @classmethod
+    def _check_sbatch_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, option in value.items():
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or UNSAFE_ADDRESS_RE.search(option):
+                raise ValueError(f"{key} = {option!r}: an sbatch long option name and a value without whitespace "
+                                 "or shell syntax")
+        return value
+
+
 class HostSpec(Section):
     """One machine of the job and what runs there."""
 
@@ -354,6 +409,9 @@ class HostSpec(Section):
     """Replay shards here."""
     evaluator: bool = False
     """Run the evaluator here."""
+    slurm_job: Annotated[int, Field(ge=1)] | None = None
+    """Set by rlctl for the nodes of a Slurm allocation (`cluster.scheduler = "slurm"`): the job whose steps run here;
+    not written by hand."""
 
     @field_validator("address", "user", "advertise_address")
     @classmethod
@@ -386,8 +444,8 @@ class HostSpec(Section):
 
     @property
     def is_local(self) -> bool:
-        """True when this host is the launching machine."""
-        return self.destination in LOCAL_ADDRESSES
+        """True when this host is the launching machine (a Slurm node never is: its processes are job steps)."""
+        return self.slurm_job is None and self.destination in LOCAL_ADDRESSES
 
 
 # topology.* counts that [[hosts]] replace (each host gives its own).
@@ -407,6 +465,7 @@ class JobSpec(Section):
     evaluator: EvaluatorSpec = EvaluatorSpec()
     logging: LoggingSpec = LoggingSpec()
     network: NetworkSpec = NetworkSpec()
+    cluster: ClusterSpec = ClusterSpec()
     hosts: list[HostSpec] = []
 
     @model_validator(mode="after")
@@ -415,6 +474,22 @@ class JobSpec(Section):
             where = "hosts" if self.hosts else "topology.collectors"
             raise ValueError(f"{where}: {self.algorithm.name} sends each collector's rollouts to one learner rank, so it "
                              f"needs at least one collector per rank ({self.collector_count} < {self.learner_ranks})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cluster(self) -> "JobSpec":
+        slurm = self.cluster.scheduler == "slurm"
+        if slurm and any(h.slurm_job is None for h in self.hosts):
+            raise ValueError('hosts: with cluster.scheduler = "slurm" the hosts are the allocation\'s nodes; place '
+                             "roles with [cluster] and [cluster.nodes.NAME] instead of [[hosts]]")
+        if not slurm and any(h.slurm_job is not None for h in self.hosts):
+            raise ValueError('hosts: slurm_job is set by rlctl for cluster.scheduler = "slurm" only')
+        if slurm and not self.hosts:
+            explicit = self.topology.model_fields_set & HOST_COUNT_KEYS
+            if explicit:
+                keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
+                raise ValueError(f"{keys}: with cluster.scheduler = \"slurm\", [cluster] places processes "
+                                 "(collectors_per_node, replay_shards_per_learner_node, evaluator)")
         return self
 
     @model_validator(mode="after")
@@ -687,9 +762,10 @@ def resolved_dict(spec: JobSpec) -> dict:
     are secrets (tokens, passwords): masked here, so job.toml, checkpoints and TensorBoard never hold them; the
     run keeps them in its private secrets file (`host_secrets`, `with_host_secrets`)."""
     data = _drop_none(spec.model_dump(mode="json"))
-    if data["hosts"]:
+    if data["hosts"] or spec.cluster.scheduler == "slurm":
         for key in HOST_COUNT_KEYS:  # set per host; writing the topology defaults would make the job invalid
             data["topology"].pop(key, None)
+    if data["hosts"]:
         for host in data["hosts"]:
             host["env"] = {k: SECRET_MASK for k in host.get("env", {})}
     else:

@@ -13,6 +13,7 @@ import enum
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,12 +30,13 @@ from rlctl import wire
 from rlctl.control import ControlError, ControlMessage, parse_control
 from rlctl.durable import remove_temporaries
 from rlctl.forkserver import FORKED_MODULES, ForkedProcess, ForkServer
-from rlctl.hosts import ATTEMPT, pull_directory, sweep_hosts
+from rlctl.hosts import ATTEMPT, SECRET_ENV, pull_directory, sweep_hosts
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table, last_step
-from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan
+from rlctl.plan import CHECKPOINT_ROLES, LaunchPlan, ProcessSpec, make_plan, moved
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir, group_alive, process_start_time, remove_weight_board
+from rlctl.slurm import job_nodes
 from rlctl.spec import JobSpec, load_job, resolved_dict, with_host_secrets
 from rlctl.stop_progress import stop_progress
 
@@ -257,6 +259,9 @@ class Supervisor:
         self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
         self.job_text = rundir.job_toml.read_text() if any(p.remote for p in plan.processes) else ""
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
+        # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
+        self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
+        self.lost_nodes: set[str] = set()
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
         self.next_ping = 0.0
         self.forkserver: ForkServer | None = None
@@ -276,6 +281,7 @@ class Supervisor:
         return {
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
             "status": self.status, "supervisor_pid": os.getpid(), "supervisor_start": self.own_start,
+            "supervisor_host": socket.gethostname(), "slurm_job_id": self.slurm_job,
             "started_at": self.started_at,
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
             "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
@@ -292,7 +298,8 @@ class Supervisor:
         for host in self.plan.hosts:
             mine = [h for h in self.handles if h.spec.host == host["name"]]
             running = sum(h.state == ProcState.RUNNING for h in mine)
-            if not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine):
+            if host["name"] in self.lost_nodes or (
+                    not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine)):
                 state = "lost"
             elif running == len(mine):
                 state = "ok"
@@ -300,7 +307,8 @@ class Supervisor:
                 state = "stopped"
             else:
                 state = f"{running}/{len(mine)} up"
-            rows.append({"name": host["name"], "remote": not host["local"], "state": state, "processes": len(mine),
+            rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"), "state": state,
+                         "processes": len(mine),
                          "running": running, "restarts": sum(h.restarts for h in mine),
                          "lost_sessions": sum(h.lost_sessions for h in mine),
                          "cleanup": self.remote_cleanup.get(host["name"])})
@@ -501,11 +509,15 @@ class Supervisor:
                     self.rundir.logs_dir,
                     forkserver=forkserver)
             return
-        # Remote: the local ssh gets this machine's environment; the process's own arrives in the session.
+        # Remote: the local ssh gets this machine's environment; the process's own arrives in the session (srun
+        # hands its own environment to the step: the process's settings travel there, never on a command line).
         secrets = {k: h.spec.env[k] for k in h.spec.secret_keys if k in h.spec.env}  # never on a command line
         setup = {"env": {wire.KEYS_ENV: self.process_keys[h.spec.name].to_env(), **secrets}, "files": {h.spec.env["RLCTL_JOB"]: self.job_text},
                  "session_timeout_s": self.spec.network.session_timeout_s}
-        h.start(dict(os.environ), self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
+        env = dict(os.environ)
+        if self.slurm_job is not None:
+            env.update({k: v for k, v in h.spec.env.items() if k not in SECRET_ENV and k not in h.spec.secret_keys})
+        h.start(env, self.rundir.logs_dir, json.dumps(setup).encode() + b"\n")
 
     def _drain_control(self, timeout_ms: int) -> None:
         """Handle every control message that arrives within timeout_ms (malformed ones are dropped and counted)."""
@@ -563,6 +575,12 @@ class Supervisor:
                 h.lost_sessions += 1
             if h.pump:
                 h.pump.join(timeout=2)
+            if self.slurm_job is not None and h.spec.remote:
+                ended = self._slurm_exit(h)
+                if ended:
+                    return True
+                if ended is False:
+                    continue
             if self._schedule_restart(h):
                 continue
             if self._can_lose(h):
@@ -577,6 +595,36 @@ class Supervisor:
             self.failure = {"process": h.spec.name, "exit_code": code,
                             "log_tail": list(h.pump.tail) if h.pump else []}
             return True
+        return False
+
+    def _slurm_exit(self, h: ProcessHandle) -> bool | None:
+        """A step ended: whether its node (or the whole job) left the allocation. A collector of a lost node starts
+        again on the node with the fewest processes; any other role lost ends the run. None: an ordinary exit."""
+        nodes = job_nodes(self.slurm_job)
+        if nodes is None:
+            self.status = "stopped"
+            self.exit_reason = f"Slurm job {self.slurm_job} ended (scancel, its time limit or a failed node)"
+            return True
+        if h.spec.host in nodes:
+            return None
+        if h.spec.host not in self.lost_nodes:
+            self.lost_nodes.add(h.spec.host)
+            print(f"rlctl: node {h.spec.host} left Slurm job {self.slurm_job}", file=sys.stderr, flush=True)
+        if h.spec.role != "collector":
+            self.status = "failed"
+            self.exit_reason = f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}"
+            self.failure = {"process": h.spec.name, "exit_code": h.exit_code,
+                            "log_tail": list(h.pump.tail) if h.pump else []}
+            h.state = ProcState.LOST
+            return True
+        load = {n: sum(o.spec.host == n and o.state != ProcState.LOST for o in self.handles) for n in nodes}
+        target = min((host for host in self.spec.hosts if host.name in load), key=lambda x: (x.learner, load[x.name]))
+        old = h.spec.host
+        h.spec = moved(h.spec, target, target.advertise_address or target.name)
+        h.note = f"node {old} lost at {time.strftime('%H:%M:%S')}; moved to {target.name}"
+        h.restarts += 1
+        h.state, h.start_at = ProcState.RESTARTING, time.time()
+        self.hub.on_restart(h.spec.name)
         return False
 
     def _schedule_restart(self, h: ProcessHandle) -> bool:
@@ -730,8 +778,10 @@ def supervise_rundir(path: str, display=None) -> int:
     saved = rundir.read_plan() or {}
     # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
     addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}
+    control = str((saved.get("endpoints") or {}).get("control", ""))  # where Slurm steps reach this supervisor
     plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
-                     addresses=addresses, board_token=str(saved.get("board_token", "")))
+                     addresses=addresses, board_token=str(saved.get("board_token", "")),
+                     control_address=control.removeprefix("tcp://").rsplit(":", 1)[0] or "127.0.0.1")
     resumed = (rundir.read_state() or {}).get("resumed")  # `rlctl run --resume` left what to continue from
     return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
                       resumed if isinstance(resumed, dict) else None).run()
