@@ -150,7 +150,8 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
                                         {"partition": partition, "time": time_limit, "account": account}))
         return
     spec, control_address = _on_allocation(spec)
-    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec), python=local_python(),
+    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec, control_address),
+                  python=local_python(),
                   addresses=_host_addresses(spec), control_address=control_address)
     _warn_machine(spec)
     if as_json:
@@ -216,7 +217,7 @@ def run(job_file: Optional[Path] = typer.Argument(
                                                          "account": account}))
     spec, control_address = _on_allocation(spec)
     _warn_machine(spec)
-    base_port = choose_base_port(spec)
+    base_port = choose_base_port(spec, control_address)  # free where the supervisor binds (preflight: on the hosts)
     addresses = _host_addresses(spec)
     token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
     if any(not h.is_local for h in spec.hosts):

@@ -116,8 +116,10 @@ class SlurmLauncher:
 
     def argv(self, host: HostSpec, argv: list[str], env: dict[str, str], control_port: int = 0,
              secret: frozenset = frozenset()) -> list[str]:
-        """The local `srun ...` command line that starts `argv` on the node, tethered to the step's stdin."""
-        return self.step_prefix(host) + [host.python, "-m", "rlctl.remote", "run", "--", *argv]
+        """The local `srun ...` command line that starts `argv` on the node, tethered to the step's stdin; the step is
+        named after the process (`squeue -s` shows rlctl-collector-3)."""
+        name = f"--job-name=rlctl-{env.get('RLCTL_ROLE', 'process')}-{env.get('RLCTL_RANK', '0')}"
+        return self.step_prefix(host) + [name, host.python, "-m", "rlctl.remote", "run", "--", *argv]
 
     def helper_argv(self, host: HostSpec, *args: str) -> list[str]:
         """`srun ...` running `python -m rlctl.remote ARGS` on the node (check, sweep, pull)."""

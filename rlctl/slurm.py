@@ -137,7 +137,7 @@ def with_allocation(spec: JobSpec, alloc: Allocation, python: str, workdir: str)
             "collectors": chosen(n, "collectors", cluster.learner_node_collectors if learner
                                  else cluster.collectors_per_node),
             "replay_shards": chosen(n, "replay_shards", shards if learner else 0),
-            "evaluator": n == evaluator and spec.topology.evaluator,
+            "evaluator": n == evaluator,
         })
     data = resolved_dict(spec)
     data["hosts"] = hosts

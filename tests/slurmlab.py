@@ -53,6 +53,7 @@ class SlurmLab:
         self.nodes: list[str] = []
         self.env: dict[str, str] = {}
         self._procs: list[subprocess.Popen] = []
+        self._started = False
 
     @property
     def hosts(self):
@@ -60,7 +61,10 @@ class SlurmLab:
         return self.hostlab.hosts
 
     def start(self) -> "SlurmLab":
-        """Start the hosts, munged, slurmctld and every slurmd; wait until every node is idle."""
+        """Start the hosts, munged, slurmctld and every slurmd; wait until every node is idle (once)."""
+        if self._started:
+            return self
+        self._started = True
         try:
             self.hostlab.start()
             if not self.hostlab.netns:
