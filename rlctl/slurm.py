@@ -18,6 +18,7 @@ from rlctl.spec import JobFileError, JobSpec, resolved_dict, validate_job
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # HostSpec.name's pattern
 ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,253}")
 COMMAND_TIMEOUT_S = 30.0
+LIVE_JOB_STATES = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED"})  # squeue's %T of a job whose steps may run
 
 
 class SlurmError(Exception):
@@ -49,10 +50,10 @@ def slurm_command(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
 
 def parse_job_id(text: str) -> int:
     """A Slurm job id (`sbatch --parsable` prints "ID" or "ID;cluster")."""
-    head = text.strip().split(";", 1)[0]
-    if not head.isdigit() or not 0 < int(head) < 1 << 32:
+    match = re.fullmatch(r"(\d{1,10})(;[A-Za-z0-9_.-]+)?", text.strip())
+    if match is None or not 0 < int(match[1]) < 1 << 32:
         raise SlurmError(f"not a Slurm job id: {text.strip()[:40]!r}")
-    return int(head)
+    return int(match[1])
 
 
 def parse_hostnames(text: str) -> tuple[str, ...]:
@@ -90,10 +91,12 @@ def allocation_from_env(env: dict[str, str] | None = None) -> Allocation:
 
 def job_nodes(job_id: int) -> tuple[str, ...] | None:
     """The nodes the job holds now (a node that failed leaves a `--no-kill` job's list); None when the job is gone
-    or Slurm does not answer."""
+    or going (cancelled, completing, revoked) or Slurm does not answer."""
     try:
-        nodelist = slurm_command("squeue", "-h", "-j", str(job_id), "-o", "%N").strip()
-        return parse_hostnames(slurm_command("scontrol", "show", "hostnames", nodelist)) if nodelist else None
+        state, _, nodelist = slurm_command("squeue", "-h", "-j", str(job_id), "-o", "%T|%N").strip().partition("|")
+        if state not in LIVE_JOB_STATES or not nodelist:
+            return None
+        return parse_hostnames(slurm_command("scontrol", "show", "hostnames", nodelist))
     except SlurmError:
         return None
 

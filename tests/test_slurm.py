@@ -201,6 +201,8 @@ def test_sbatch_run_shows_in_status_from_the_login_node_and_stop_ends_it(lab, tm
     assert state["status"] == "running" and state["supervisor_host"] == "h1" and state["slurm_job_id"] == job_id
     table = run_cli(["status", "--runs-dir", str(runs)], env={**lab.env, "COLUMNS": "200"}).stdout
     assert re.search(rf"{run_id}\s.*running", table), table
+    logs = run_cli(["logs", run_id, "--role", "learner", "--runs-dir", str(runs)], env=lab.env).stdout
+    assert "rlctl.remote: on h1" in logs and "first update" in logs, logs
     out = run_cli(["stop", run_id, "--runs-dir", str(runs)], env=lab.env, timeout=120)
     assert f"Slurm job {job_id} ended" in out.stdout, out.stdout + out.stderr
     state = read_state(run_dir)
@@ -210,12 +212,72 @@ def test_sbatch_run_shows_in_status_from_the_login_node_and_stop_ends_it(lab, tm
     assert all(not pids for pids in rlctl_processes(lab).values())
 
 
-def test_scancel_of_the_allocation_leaves_no_process_on_any_node(lab, tmp_path):
-    runs, run_id, job_id = _submit(lab, tmp_path, "slurm-scancel")
-    run_dir = runs / run_id
-    wait_for(lambda: (st := read_state(run_dir)).get("processes")
-             and all(p["state"] == "running" for p in st["processes"]), 120, what="every process running")
-    assert all(rlctl_processes(lab).values())  # something of the run on every node
-    assert lab.slurm("scancel", str(job_id)).returncode == 0
-    wait_for(lambda: not any(rlctl_processes(lab).values()), 30, interval=0.2, what="no rlctl process on any node")
-    wait_for(lambda: lab.slurm("squeue", "-h", "-j", str(job_id)).stdout.strip() == "", 30, what="the job gone")
+@pytest.mark.parametrize("how", ["sbatch", "salloc"])
+def test_scancel_of_the_allocation_leaves_no_process_on_any_node(lab, tmp_path, how):
+    proc = None
+    if how == "sbatch":
+        runs, run_id, job_id = _submit(lab, tmp_path, "slurm-scancel")
+        run_dir = runs / run_id
+    else:  # the supervisor on the login node outlives the allocation: it notices and stops the run
+        runs = tmp_path / "runs"
+        proc = salloc(lab, ["run", str(slurm_job(tmp_path, "apex-slurm", "slurm-scancel-salloc", eval_return="501.0")),
+                            "--runs-dir", str(runs)])
+        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), 60,
+                           what="the run directory")
+    try:
+        wait_for(lambda: (st := read_state(run_dir)).get("processes")
+                 and all(p["state"] == "running" for p in st["processes"]), 120, what="every process running")
+        job_id = read_state(run_dir)["slurm_job_id"]
+        assert all(rlctl_processes(lab).values())  # something of the run on every node
+        assert lab.slurm("scancel", str(job_id)).returncode == 0
+        wait_for(lambda: not any(rlctl_processes(lab).values()), 30, interval=0.2, what="no rlctl process on any node")
+        wait_for(lambda: lab.slurm("squeue", "-h", "-j", str(job_id)).stdout.strip() == "", 30, what="the job gone")
+        if proc is not None:
+            out, err = proc.communicate(timeout=60)
+            state = read_state(run_dir)
+            assert state["status"] == "stopped", (state["exit_reason"], err[-2000:])
+            assert state["exit_reason"].startswith(f"Slurm job {job_id} ended"), state["exit_reason"]
+    finally:
+        if proc is not None:
+            end(proc)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "supervisor-killed"])
+def test_ctrl_c_or_a_dead_supervisor_leaves_no_process_on_any_node(lab, tmp_path, how):
+    runs = tmp_path / "runs"
+    proc = salloc(lab, ["run", str(slurm_job(tmp_path, "apex-slurm", f"slurm-{how}", eval_return="501.0")),
+                        "--runs-dir", str(runs)])
+    try:
+        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), 60,
+                           what="the run directory")
+        wait_for(running(proc, lambda: (st := read_state(run_dir)).get("processes")
+                         and all(p["state"] == "running" for p in st["processes"])), 120, what="every process running")
+        assert all(rlctl_processes(lab).values())
+        supervisor = read_state(run_dir)["supervisor_pid"]
+        if how == "ctrl-c":
+            # The terminal's Ctrl-C goes to its foreground group: the one salloc gives the command it runs.
+            os.killpg(os.getpgid(supervisor), signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err[-3000:]
+            state = read_state(run_dir)
+            assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGINT", state["exit_reason"]
+            assert (run_dir / "checkpoints" / "latest.pt").is_file()
+        else:
+            os.kill(supervisor, signal.SIGKILL)
+        # A step's processes end once its srun (the supervisor's child) brings no more word: stdin closed.
+        wait_for(lambda: not any(rlctl_processes(lab).values()), 30, interval=0.2, what="no rlctl process on any node")
+    finally:
+        end(proc)
+
+
+def test_a_node_that_cannot_run_rlctl_fails_the_check_naming_it_and_starts_nothing(lab, tmp_path):
+    runs = tmp_path / "runs"
+    job = slurm_job(tmp_path, "apex-slurm", "slurm-unfit", 'python = "/nonexistent/python3"\n')
+    proc = salloc(lab, ["run", str(job), "--runs-dir", str(runs)])
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        end(proc)
+    assert proc.returncode == 1, err
+    assert "3 of 3 remote hosts failed the check" in err and "node h2 (Slurm job" in err, err
+    assert not runs.exists() or not any(runs.iterdir())
