@@ -1,7 +1,7 @@
 """Before anything starts: every remote host of a plan checked at once, each failure named with its host and cause.
 
-A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has torch where a torch role
-runs), and the ports the plan binds there are free. Nothing is started anywhere, so a failed check leaves nothing
+A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has
+torch where a torch role runs), and the ports the plan binds there are free. Nothing is started anywhere, so a failed check leaves nothing
 to clean up.
 """
 

@@ -34,10 +34,11 @@ class Allocation:
     addresses: dict[str, str]
 
 
-def slurm_command(*argv: str, timeout: float = COMMAND_TIMEOUT_S) -> str:
-    """Run a Slurm client command; its stdout, or SlurmError with its own words."""
+def slurm_command(*argv: str, timeout: float = COMMAND_TIMEOUT_S, stdin: str | None = None) -> str:
+    """Run a Slurm client command (`stdin`: its input); its stdout, or SlurmError with its own words."""
     try:
-        proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(argv), input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: Slurm's client commands must be on PATH") from None
     except subprocess.TimeoutExpired:
@@ -165,14 +166,4 @@ def sbatch_script(run_dir: str, job: str, python: str, workdir: str, nodes: int,
 
 def submit(script: str) -> int:
     """Submit a batch script (on stdin, so its text is in no command line); the job id."""
-    try:
-        proc = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S)
-    except FileNotFoundError:
-        raise SlurmError("sbatch not found: Slurm's client commands must be on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"sbatch gave no answer within {COMMAND_TIMEOUT_S:g}s") from None
-    if proc.returncode != 0:
-        words = proc.stderr.strip().splitlines()
-        raise SlurmError(f"sbatch: {words[-1] if words else f'exit code {proc.returncode}'}")
-    return parse_job_id(proc.stdout)
+    return parse_job_id(slurm_command("sbatch", "--parsable", stdin=script))
