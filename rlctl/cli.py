@@ -215,6 +215,9 @@ def run(job_file: Optional[Path] = typer.Argument(
     if sbatch:
         raise typer.Exit(_submit(spec, runs_dir, nodes, {"partition": partition, "time": time_limit,
                                                          "account": account}))
+    if detach and spec.cluster.scheduler == "slurm":
+        raise _bad_input("rlctl run: --detach with cluster.scheduler = \"slurm\": the allocation ends with the command "
+                         "salloc runs, and the run with it; submit a background run with --sbatch")
     spec, control_address = _on_allocation(spec)
     _warn_machine(spec)
     base_port = choose_base_port(spec, control_address)  # free where the supervisor binds (preflight: on the hosts)

@@ -107,3 +107,8 @@ def test_sbatch_script_and_its_refusals(tmp_path):
     out = run_cli(["plan", "--sbatch", str(job), "--partition", "a b;c"], expected_exit=2)
     assert "--partition" in out.stderr and "Traceback" not in out.stderr
     assert re.search(r"--time", run_cli(["run", "--help"]).stdout)
+
+
+def test_detach_inside_salloc_is_refused_for_sbatch():
+    out = run_cli(["run", "--detach", str(REPO / "jobs" / "apex-slurm.toml")], expected_exit=2)
+    assert "--sbatch" in out.stderr and "Traceback" not in out.stderr
