@@ -146,8 +146,8 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
     spec = _load(job_file)
     run_id = new_run_id(spec.job.name)
     if sbatch:
-        sys.stdout.write(_sbatch_script(spec, str((runs_root(runs_dir) / run_id).resolve()), nodes,
-                                        {"partition": partition, "time": time_limit, "account": account}))
+        options = _sbatch_options(spec, {"partition": partition, "time": time_limit, "account": account})
+        sys.stdout.write(_sbatch_script(spec, str((runs_root(runs_dir) / run_id).resolve()), nodes, options))
         return
     spec, control_address = _on_allocation(spec)
     p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec, control_address),
@@ -275,20 +275,25 @@ def _reached(host: dict, spec) -> str:
     return f" (srun, job {slurm})" if slurm else f" (ssh {host['destination']})"
 
 
-def _sbatch_script(spec, run_dir: str, nodes: Optional[int], options: dict) -> str:
-    """The batch script for a cluster.scheduler = "slurm" job (exit 2 for any other)."""
-    from rlctl.plan import local_python
-    from rlctl.slurm import sbatch_script
-
+def _sbatch_options(spec, options: dict) -> dict[str, str]:
+    """The job's sbatch_options with the command line's --partition/--time/--account over them (exit 2 for a value
+    that is not a plain word, or a job that is not a Slurm one)."""
     if spec.cluster.scheduler != "slurm":
         raise _bad_input('rlctl: --sbatch needs cluster.scheduler = "slurm" in the job file')
     given = {k: v for k, v in options.items() if v is not None}
     for key, value in given.items():
         if not re.fullmatch(r"[A-Za-z0-9_.:,+-]{1,128}", value):
             raise _bad_input(f"rlctl: --{key} {value!r}: letters, digits and _.:,+- only")
+    return {**spec.cluster.sbatch_options, **given}
+
+
+def _sbatch_script(spec, run_dir: str, nodes: Optional[int], options: dict[str, str]) -> str:
+    """The batch script of a Slurm job (options as _sbatch_options made them)."""
+    from rlctl.plan import local_python
+    from rlctl.slurm import sbatch_script
+
     count = nodes or spec.cluster.node_count or spec.cluster.learner_nodes + 1
-    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count,
-                         {**spec.cluster.sbatch_options, **given})
+    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count, options)
 
 
 def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict) -> int:
@@ -297,6 +302,7 @@ def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict)
     from rlctl.slurm import SlurmError, submit
     from rlctl.spec import dumps_toml, host_secrets, resolved_dict
 
+    options = _sbatch_options(spec, options)  # bad input is refused before the run directory is made
     if host_secrets(spec):
         raise _bad_input("rlctl: --sbatch: hosts[].env is not used with Slurm")
     rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)

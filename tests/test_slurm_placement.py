@@ -106,6 +106,8 @@ def test_sbatch_script_and_its_refusals(tmp_path):
     assert 'needs cluster.scheduler = "slurm"' in out.stderr
     out = run_cli(["plan", "--sbatch", str(job), "--partition", "a b;c"], expected_exit=2)
     assert "--partition" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli(["run", "--sbatch", str(job), "--time", "$(reboot)", "--runs-dir", str(tmp_path)], expected_exit=2)
+    assert "--time" in out.stderr and not list(tmp_path.iterdir())  # refused before any run directory is made
     assert re.search(r"--time", run_cli(["run", "--help"]).stdout)
 
 
