@@ -476,6 +476,10 @@ class JobSpec(Section):
                              f"needs at least one collector per rank ({self.collector_count} < {self.learner_ranks})")
         return self
 
+    def _explicit_host_counts(self) -> str:
+        """The topology counts the job file sets that hosts (or [cluster]) set instead, as key paths ("" if none)."""
+        return ", ".join(f"topology.{k}" for k in sorted(self.topology.model_fields_set & HOST_COUNT_KEYS))
+
     @model_validator(mode="after")
     def _check_cluster(self) -> "JobSpec":
         slurm = self.cluster.scheduler == "slurm"
@@ -485,9 +489,8 @@ class JobSpec(Section):
         if not slurm and any(h.slurm_job is not None for h in self.hosts):
             raise ValueError('hosts: slurm_job is set by rlctl for cluster.scheduler = "slurm" only')
         if slurm and not self.hosts:
-            explicit = self.topology.model_fields_set & HOST_COUNT_KEYS
-            if explicit:
-                keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
+            keys = self._explicit_host_counts()
+            if keys:
                 raise ValueError(f"{keys}: with cluster.scheduler = \"slurm\", [cluster] places processes "
                                  "(collectors_per_node, replay_shards_per_learner_node, evaluator)")
         return self
@@ -501,9 +504,8 @@ class JobSpec(Section):
         for i, n in enumerate(names):
             if names.index(n) != i:
                 raise ValueError(f"hosts[{i}].name: host names must be unique; {n!r} is also hosts[{names.index(n)}]")
-        explicit = self.topology.model_fields_set & HOST_COUNT_KEYS
-        if explicit:
-            keys = ", ".join(f"topology.{k}" for k in sorted(explicit))
+        keys = self._explicit_host_counts()
+        if keys:
             raise ValueError(f"{keys}: with [[hosts]] listed, set these counts per host instead")
         if not any(h.learner for h in self.hosts):
             raise ValueError("hosts: at least one host must have learner = true (the first one is the head, rank 0)")

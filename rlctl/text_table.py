@@ -18,6 +18,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 GAP = "  "  # between columns
 
 
+def line_width(widths: list[int]) -> int:
+    """Characters of a line whose columns are this wide, gaps included."""
+    return sum(widths) + len(GAP) * max(0, len(widths) - 1)
+
+
 @dataclass
 class TextTable:
     """Columns of one-line cells: a title, a bold header, a rule, one line per row."""
@@ -35,12 +40,12 @@ class TextTable:
     def least_width(self) -> int:
         """Characters a line needs at the least: free-text columns shrunk to their header."""
         widths = [len(name) if free else w for name, free, w in zip(self.columns, self.free, self.widths())]
-        return sum(widths) + len(GAP) * max(0, len(widths) - 1)
+        return line_width(widths)
 
     def fitted_widths(self, max_width: int) -> list[int]:
         """Natural widths, the free-text columns cut (no lower than their header) until a line fits max_width."""
         widths = self.widths()
-        excess = sum(widths) + len(GAP) * max(0, len(widths) - 1) - max_width
+        excess = line_width(widths) - max_width
         for i in range(len(widths)):
             if excess <= 0:
                 break
@@ -53,8 +58,7 @@ class TextTable:
     def __rich_measure__(self, console: "Console", options: "ConsoleOptions") -> "Measurement":
         from rich.measure import Measurement
 
-        widths = self.widths()
-        return Measurement(self.least_width(), sum(widths) + len(GAP) * max(0, len(widths) - 1))
+        return Measurement(self.least_width(), line_width(self.widths()))
 
     def __rich_console__(self, console: "Console", options: "ConsoleOptions") -> "RenderResult":
         from rich.segment import Segment
@@ -85,7 +89,7 @@ class TextTable:
             yield from line.render(console)
             yield Segment.line()
             if cells is header:
-                yield Segment("─" * (sum(widths) + len(GAP) * max(0, len(widths) - 1)), console.get_style("table.header"))
+                yield Segment("─" * line_width(widths), console.get_style("table.header"))
                 yield Segment.line()
 
 

@@ -138,3 +138,15 @@ def marked_processes(mark: str) -> list[int]:
         if needle in env and pid_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+def command_lines() -> list[bytes]:
+    """The command line of every process on this machine (test hosts share its /proc)."""
+    lines = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                lines.append(Path(f"/proc/{entry}/cmdline").read_bytes())
+            except OSError:  # ended since it was listed
+                pass
+    return lines

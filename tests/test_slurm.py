@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlctl import wire
-from conftest import REPO, only_run, read_state, run_cli, wait_for
+from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
 import slurmlab
 
 CAP_S = 300
@@ -133,13 +133,8 @@ def test_apex_solves_in_a_3_node_allocation_keys_stay_hidden_and_a_downed_node_m
         shown = lab.slurm("scontrol", "show", "job", "-d", str(job_id)).stdout
         shown += lab.slurm("scontrol", "show", "step", str(job_id)).stdout
         assert "JobId=" in shown and "Name=rlctl-learner-0" in shown and "Name=rlctl-collector-3" in shown, shown
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                assert b"RLCTL_CURVE_KEYS" not in cmdline and not any(k in cmdline for k in keys), cmdline
+        for cmdline in command_lines():
+            assert b"RLCTL_CURVE_KEYS" not in cmdline and not any(k in cmdline for k in keys), cmdline
         assert not any(k.decode() in shown for k in keys) and "RLCTL_CURVE_KEYS" not in shown
         # A collector node goes down mid-run: reported, its collectors start again on the nodes left, the run goes on.
         assert lab.slurm("scontrol", "update", "nodename=h3", "state=down", "reason=rlctl-test").returncode == 0

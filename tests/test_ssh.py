@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlctl import wire
-from conftest import REPO, only_run, read_state, run_cli, wait_for
+from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
 from hostlab import HostLab
 
 CAP_S = 300
@@ -228,17 +228,11 @@ def test_secret_never_on_a_command_line_and_stop_leaves_nothing_on_any_host(lab,
                 client_secrets.add(keys.client_secret)
     # The role processes got keys: a client pair of their own each (learner and both collectors at least).
     assert len(client_secrets) >= 3, "the role processes got the job's keys"
-    seen = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            seen += 1
-            assert b"RLCTL_CURVE_KEYS" not in cmdline, cmdline
-            assert not any(s in cmdline for s in secrets), cmdline
-    assert seen > 20
+    lines = command_lines()
+    for cmdline in lines:
+        assert b"RLCTL_CURVE_KEYS" not in cmdline, cmdline
+        assert not any(s in cmdline for s in secrets), cmdline
+    assert len(lines) > 20
     out = run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
     assert "stopped" in out.stdout
     for h in ("h1", "h2", "h3"):
