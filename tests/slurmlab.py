@@ -8,6 +8,8 @@ every node, as a cluster's home directories are.
 
 Processes are tracked by Slurm's `proctrack/linuxproc` (the process tree; cgroups are not available inside the
 namespaces), and `--overlap` steps may share a node's CPUs.
+The main scheduling loop runs every second (`sched_interval=1`; Slurm's default is 60 s): a job submitted while
+the last one's nodes were still completing would otherwise wait up to a minute for the next pass.
 
 Usage::
 
@@ -118,6 +120,7 @@ SelectType=select/linear
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmdTimeout=30
@@ -158,25 +161,49 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                           f"hostname {h.name} && exec slurmd -D -f {conf} -N {h.name}"], f"{h.name}.out")
 
     def _wait_idle(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        last = ""
+        for proc in self._procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}: {self.logs()}")
+        if not self._idle_within(START_TIMEOUT_S):
+            raise RuntimeError(f"Slurm nodes not idle after {START_TIMEOUT_S:.0f}s: {self.diagnosis()}")
+
+    def node_states(self) -> dict[str, str]:
+        """Node -> its short state as sinfo prints it (idle, alloc, comp, drain, down*, ...)."""
+        out = self.slurm("sinfo", "-h", "-N", "-o", "%N %t").stdout
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def _idle_within(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for proc in self._procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}: {self.logs()}")
-            out = self.slurm("sinfo", "-h", "-N", "-o", "%N %t")
-            last = out.stdout + out.stderr
-            states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+            states = self.node_states()
             if states and all(states.get(n) == "idle" for n in self.nodes):
-                return
+                return True
             time.sleep(0.1)
-        raise RuntimeError(f"Slurm nodes not idle after {START_TIMEOUT_S:.0f}s: {last}\n{self.logs()}")
+        return False
+
+    def settle(self, timeout: float = 90.0) -> str | None:
+        """Cancel every job left in the queue and wait for idle nodes; None, or why the nodes did not come back
+        (which then are resumed, so that the next test starts on a working cluster)."""
+        self.slurm("scancel", "--partition=lab")
+        if self._idle_within(timeout):
+            return None
+        why = self.diagnosis()
+        for node in self.nodes:
+            self.slurm("scontrol", "update", f"nodename={node}", "state=resume")
+        self._idle_within(timeout)
+        return why
+
+    def diagnosis(self) -> str:
+        """The nodes' states and reasons, the queue, and the daemons' logs: for a failure message."""
+        parts = [self.slurm("sinfo", "-N", "-o", "%N %T %E %H").stdout,
+                 self.slurm("squeue", "-a", "-t", "all", "-o", "%i %T %r %N %e").stdout, self.logs()]
+        return "\n".join(parts)
 
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure message."""
         parts = []
         for path in sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out")):
-            parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
+            parts.append(f"--- {path.name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:]))
         return "\n".join(parts)
 
     def slurm(self, *argv: str, timeout: float = 30, **kwargs) -> subprocess.CompletedProcess:

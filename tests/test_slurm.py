@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_fo
 import slurmlab
 
 CAP_S = 300
+QUEUED_S = 120  # an allocation asked for just after the last one ended can wait ~15 s for its nodes
 pytestmark = pytest.mark.skipif(slurmlab.unavailable() is not None, reason=str(slurmlab.unavailable()))
 
 
@@ -35,6 +37,16 @@ def lab(tmp_path_factory):
         raise
     with lab:
         yield lab
+
+
+@pytest.fixture(autouse=True)
+def idle_cluster(lab):
+    """Every test starts on idle nodes and leaves them so: a job left queued (say by a salloc killed while it
+    waited) is cancelled, and a node left drained or down fails the test that did it, with Slurm's reason."""
+    yield
+    why = lab.settle()
+    if why is not None:
+        pytest.fail(f"the Slurm nodes were not idle after the test:\n{why}")
 
 
 def slurm_job(tmp_path: Path, job: str, name: str, cluster: str = "", **replace: str) -> Path:
@@ -92,6 +104,24 @@ def rlctl_processes(lab) -> dict[str, list[int]]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
+    except OSError:
+        return b"(gone)"
+
+
+def wait_until_no_rlctl_process(lab, timeout: float = 30) -> None:
+    """Fail unless every node is free of rlctl processes within `timeout` (Slurm ends a step's leftovers
+    asynchronously, after the step's task and srun are gone)."""
+    deadline = time.monotonic() + timeout
+    while left := {node: pids for node, pids in rlctl_processes(lab).items() if pids}:
+        if time.monotonic() > deadline:
+            shown = {node: [_cmdline(pid) for pid in pids] for node, pids in left.items()}
+            pytest.fail(f"rlctl processes still on nodes after {timeout:.0f}s: {shown}")
+        time.sleep(0.2)
+
+
 def job_keys(run_id: str) -> set[bytes]:
     """Every key (public and secret) the run's processes were given, read from their environments."""
     found = set()
@@ -115,7 +145,7 @@ def test_apex_solves_in_a_3_node_allocation_keys_stay_hidden_and_a_downed_node_m
     runs = tmp_path / "runs"
     proc = salloc(lab, ["run", str(slurm_job(tmp_path, "apex-slurm", "slurm-apex")), "--runs-dir", str(runs)])
     try:
-        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), 60,
+        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), QUEUED_S,
                            what="the run directory")
         wait_for(running(proc, lambda: read_state(run_dir).get("metrics", {}).get("learner/updates", 0) >= 200),
                  CAP_S, what="learner updates")
@@ -152,7 +182,7 @@ def test_apex_solves_in_a_3_node_allocation_keys_stay_hidden_and_a_downed_node_m
     status = run_cli(["status", run_dir.name, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
     assert re.search(r"h3\s+slurm\s+lost", status), status
     assert (run_dir / "checkpoints" / "latest.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
-    assert all(not pids for pids in rlctl_processes(lab).values())
+    wait_until_no_rlctl_process(lab)
 
 
 def test_ppo_solves_in_a_3_node_allocation(lab, tmp_path):
@@ -168,7 +198,7 @@ def test_ppo_solves_in_a_3_node_allocation(lab, tmp_path):
     assert state["status"] == "finished" and state["exit_reason"].startswith("charts/episode_return_mean"), state
     assert {p["name"]: p["host"] for p in state["processes"]} == {
         "learner-0": "h1", "collector-0": "h2", "collector-1": "h3"}
-    assert all(not pids for pids in rlctl_processes(lab).values())
+    wait_until_no_rlctl_process(lab)
 
 
 def _submit(lab, tmp_path, name: str) -> tuple[Path, str, int]:
@@ -204,7 +234,7 @@ def test_sbatch_run_shows_in_status_from_the_login_node_and_stop_ends_it(lab, tm
     assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGTERM", state["exit_reason"]
     assert (run_dir / "checkpoints" / "latest.pt").is_file()  # the learner's last checkpoint came home
     assert lab.slurm("squeue", "-h", "-j", str(job_id)).stdout.strip() == ""
-    assert all(not pids for pids in rlctl_processes(lab).values())
+    wait_until_no_rlctl_process(lab)
 
 
 @pytest.mark.parametrize("how", ["sbatch", "salloc"])
@@ -217,7 +247,7 @@ def test_scancel_of_the_allocation_leaves_no_process_on_any_node(lab, tmp_path, 
         runs = tmp_path / "runs"
         proc = salloc(lab, ["run", str(slurm_job(tmp_path, "apex-slurm", "slurm-scancel-salloc", eval_return="501.0")),
                             "--runs-dir", str(runs)])
-        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), 60,
+        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), QUEUED_S,
                            what="the run directory")
     try:
         wait_for(lambda: (st := read_state(run_dir)).get("processes")
@@ -225,7 +255,7 @@ def test_scancel_of_the_allocation_leaves_no_process_on_any_node(lab, tmp_path, 
         job_id = read_state(run_dir)["slurm_job_id"]
         assert all(rlctl_processes(lab).values())  # something of the run on every node
         assert lab.slurm("scancel", str(job_id)).returncode == 0
-        wait_for(lambda: not any(rlctl_processes(lab).values()), 30, interval=0.2, what="no rlctl process on any node")
+        wait_until_no_rlctl_process(lab)
         wait_for(lambda: lab.slurm("squeue", "-h", "-j", str(job_id)).stdout.strip() == "", 30, what="the job gone")
         if proc is not None:
             out, err = proc.communicate(timeout=60)
@@ -243,7 +273,7 @@ def test_ctrl_c_or_a_dead_supervisor_leaves_no_process_on_any_node(lab, tmp_path
     proc = salloc(lab, ["run", str(slurm_job(tmp_path, "apex-slurm", f"slurm-{how}", eval_return="501.0")),
                         "--runs-dir", str(runs)])
     try:
-        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), 60,
+        run_dir = wait_for(running(proc, lambda: runs.exists() and next(runs.iterdir(), None)), QUEUED_S,
                            what="the run directory")
         wait_for(running(proc, lambda: (st := read_state(run_dir)).get("processes")
                          and all(p["state"] == "running" for p in st["processes"])), 120, what="every process running")
@@ -260,7 +290,7 @@ def test_ctrl_c_or_a_dead_supervisor_leaves_no_process_on_any_node(lab, tmp_path
         else:
             os.kill(supervisor, signal.SIGKILL)
         # A step's processes end once its srun (the supervisor's child) brings no more word: stdin closed.
-        wait_for(lambda: not any(rlctl_processes(lab).values()), 30, interval=0.2, what="no rlctl process on any node")
+        wait_until_no_rlctl_process(lab)
     finally:
         end(proc)
 
@@ -270,7 +300,7 @@ def test_a_node_that_cannot_run_rlctl_fails_the_check_naming_it_and_starts_nothi
     job = slurm_job(tmp_path, "apex-slurm", "slurm-unfit", 'python = "/nonexistent/python3"\n')
     proc = salloc(lab, ["run", str(job), "--runs-dir", str(runs)])
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=QUEUED_S + 60)
     finally:
         end(proc)
     assert proc.returncode == 1, err
