@@ -4,8 +4,8 @@
 
 * Job: `rlctl run` of the job (PongNoFrameskip-v4, env.preset = "atari": no-op starts, frame skip 4, 84 x 84
   grayscale, 4 stacked frames; Nature-DQN convolutions; 2 collectors) for --seconds; its env steps/s and the
-  learner's samples/s are read back from TensorBoard (tensorboard's own reader) after --warmup seconds. Frames =
-  env steps x frame skip.
+  learner's samples/s are read back from TensorBoard (tensorboard's own reader): the growth of the env-step and
+  update counters from --warmup seconds on. Frames = env steps x frame skip.
 * Bare collector loop, in this process with one torch thread: one vector env of the job's total envs (collectors x
   envs per collector) with the same preprocessing, the same network's batched forward and sampled actions per
   vector step; nothing else. Ratio = job frames/s / bare frames/s (target >= 0.8).
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -39,8 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def run_job(job: Path, seconds: float, warmup: float, device: str) -> dict:
-    """The job for `seconds`; medians of its TensorBoard rates after `warmup`."""
+def run_job(job: Path, seconds: float, warmup: float, device: str, samples_per_update: int) -> dict:
+    """The job for `seconds`; its rates over the window from `warmup` seconds after its first metrics to its last.
+
+    Rates come from the cumulative counters (env steps, learner updates), not from medians of the per-interval rates:
+    an update of a few hundred samples every second or two makes those a few discrete values."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     text = job.read_text()
@@ -55,16 +57,23 @@ def run_job(job: Path, seconds: float, warmup: float, device: str) -> dict:
         run_dir = next(Path(tmp, "runs").iterdir())
         acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
         acc.Reload()
+        tags = acc.Tags()["scalars"]
+        series = {tag: [(e.wall_time, e.value) for e in acc.Scalars(tag)] if tag in tags else []
+                  for tag in ("charts/env_steps", "learner/updates", "learner/data_wait_frac")}
+    t0 = min(points[0][0] for points in series.values() if points) + warmup
 
-        def steady(tag: str) -> list[float]:
-            events = acc.Scalars(tag) if tag in acc.Tags()["scalars"] else []
-            t0 = events[0].wall_time if events else 0
-            return [e.value for e in events if e.wall_time - t0 >= warmup]
-        steps = steady("charts/env_steps_per_s")
-        samples = steady("learner/samples_per_s")
-        wait = steady("learner/data_wait_frac")
-    median = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-    return {"env_steps_per_s": median(steps), "samples_per_s": median(samples), "data_wait_frac": median(wait)}
+    def window(tag: str) -> list[tuple[float, float]]:
+        return [(t, v) for t, v in series[tag] if t >= t0]
+
+    def rate(tag: str) -> float:
+        points = window(tag)
+        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) if len(points) > 1 else float("nan")
+
+    waits = window("learner/data_wait_frac")  # each value covers the interval that ends at its time
+    span = waits[-1][0] - waits[0][0] if len(waits) > 1 else float("nan")
+    wait = sum(v * (t - tp) for (tp, _), (t, v) in zip(waits, waits[1:])) / span
+    return {"env_steps_per_s": rate("charts/env_steps"), "samples_per_s": rate("learner/updates") * samples_per_update,
+            "data_wait_frac": wait}
 
 
 def bare_collector(job_spec, seconds: float) -> float:
@@ -150,7 +159,10 @@ def main() -> None:
 
     spec = load_job(args.job)
     skip = spec.env.atari.frame_skip if spec.env.preset == "atari" else 1
-    job = run_job(Path(args.job), args.seconds, args.warmup, args.device)
+    algo = spec.algorithm
+    envs = spec.env.envs_per_collector
+    samples_per_update = algo.rollouts_per_update(envs) * envs * algo.rollout_len
+    job = run_job(Path(args.job), args.seconds, args.warmup, args.device, samples_per_update)
     bare_steps = bare_collector(spec, args.bare_seconds)
     bare_samples = bare_learner(spec, args.bare_seconds, args.device)
     frames, bare_frames = job["env_steps_per_s"] * skip, bare_steps * skip
