@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlctl import metric_names as M
 from rlctl.algos.onpolicy.returns import gae, ppo_loss, vtrace
 from rlctl.models import ActorCritic, ConvEncoder
 
@@ -175,3 +176,38 @@ def test_actor_critic_initialisation_repeats_with_the_seed():
         alive.append(ActorCritic((4,), n_actions=2, hidden=(16, 16)))  # kept alive: fresh addresses each time
         digests.add(parameter_digest(alive[-1]))
     assert len(digests) == 1
+
+
+@pytest.mark.parametrize("valid_rows", ["all", "some", "none"])
+def test_appo_one_pass_update_equals_the_two_pass_one(valid_rows):
+    # epochs = minibatches = 1 with V-trace: targets from the training forward itself, one pass fewer; the step it
+    # takes must be the two-pass one's (a no-grad forward for the targets, then the loss) to float precision.
+    from rlctl.algos.base import LearnerSetup
+    from rlctl.algos.onpolicy.learner import APPOLearner, PPOLearner
+    from rlctl.envs import probe_space_info
+    from rlctl.spec import validate_job
+
+    job = validate_job({"job": {"name": "t", "seed": 4}, "env": {"id": "CartPole-v1", "envs_per_collector": 4},
+                        "algorithm": {"name": "appo", "rollout_len": 8, "vtrace": True, "epochs": 1,
+                                      "minibatches": 1, "value_clip": 0.2}})
+    info = probe_space_info(job.env)
+    g = torch.Generator().manual_seed(5)
+    T, B = 8, 4
+    batch = {"obs": torch.randn(T + 1, B, *info.obs_shape, generator=g), "value": torch.randn(T + 1, B, generator=g),
+             "action": torch.randint(0, 2, (T, B), generator=g), "logp": -torch.rand(T, B, generator=g) - 0.3,
+             "reward": torch.randn(T, B, generator=g), "terminated": torch.rand(T, B, generator=g) < 0.1,
+             "done": torch.rand(T, B, generator=g) < 0.2,
+             "valid": {"all": torch.ones(T, B, dtype=torch.bool), "none": torch.zeros(T, B, dtype=torch.bool),
+                       "some": torch.rand(T, B, generator=g) < 0.7}[valid_rows]}
+    one, two = (APPOLearner(LearnerSetup(job, info, torch.device("cpu"))) for _ in range(2))
+    two.model.load_state_dict(one.model.state_dict())
+    before = [p.detach().clone() for p in one.model.parameters()]
+    stats_one = one.update(batch).stats
+    stats_two = PPOLearner._train(two, batch)
+    for a, b in zip(one.model.parameters(), two.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    moved = any(not torch.equal(a, b) for a, b in zip(before, one.model.parameters()))
+    assert moved == (valid_rows != "none")
+    assert set(stats_two) == set(stats_one) - {M.LR}
+    for k, v in stats_two.items():
+        assert stats_one[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
