@@ -47,10 +47,13 @@ def test_r2d2_solves_masked_cartpole_and_eval_runs_its_recurrent_policy(tmp_path
     m = state["metrics"]
     assert m["charts/env_steps"] < BUDGET_ENV_STEPS
     assert m["learner/updates"] > 0 and m["replay/size"] > 0
-    # The learned checkpoint in a fresh process, on fresh (masked) episodes, carrying the LSTM state.
+    # The learned checkpoint in a fresh process, on fresh (masked) episodes, carrying the LSTM state. The bar is not
+    # the run's 475: ten other episodes of a policy picked for scoring >= 475 on its own ten come out lower now and
+    # then (one CI run's best.pt: 472-489 over seeds 0-4). Carrying the state is what the test is after, and a
+    # policy that lost it between steps scored 20 with that same checkpoint.
     res = run_cli(["eval", run_dir.name, "--episodes", "10", "--json", "--runs-dir", str(run_dir.parent)])
     result = json.loads(res.stdout)
-    assert result["return_mean"] >= 475, result
+    assert result["return_mean"] >= 400, result
 
 
 def test_r2d2_without_memory_does_not_solve_masked_cartpole_in_the_same_budget(tmp_path):
