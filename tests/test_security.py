@@ -105,6 +105,7 @@ batch_size = 32
 [replay]
 capacity = 5000
 min_size = 200
+samples_per_insert = 4.0  # collectors wait for the learner: the run cannot end before it trains (and checkpoints)
 [logging]
 checkpoint_interval_s = 0.5
 
