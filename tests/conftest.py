@@ -140,13 +140,15 @@ def marked_processes(mark: str) -> list[int]:
     return found
 
 
+def cmdline(pid: int) -> bytes | None:
+    """A process's command line (NUL-separated), or None once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 def command_lines() -> list[bytes]:
     """The command line of every process on this machine (test hosts share its /proc)."""
-    lines = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                lines.append(Path(f"/proc/{entry}/cmdline").read_bytes())
-            except OSError:  # ended since it was listed
-                pass
-    return lines
+    lines = (cmdline(int(entry)) for entry in os.listdir("/proc") if entry.isdigit())
+    return [line for line in lines if line is not None]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlctl import wire
-from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
+from conftest import REPO, cmdline, command_lines, only_run, read_state, run_cli, wait_for
 import slurmlab
 
 CAP_S = 300
@@ -91,24 +91,7 @@ def running(proc: subprocess.Popen, predicate):
 
 def rlctl_processes(lab) -> dict[str, list[int]]:
     """Node -> pids of rlctl processes there (role processes, torchrun, rlctl.remote), the daemons left out."""
-    out = {}
-    for node in lab.nodes:
-        pids = []
-        for pid in lab.node_pids(node):
-            try:
-                if b"rlctl" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    pids.append(pid)
-            except OSError:
-                pass
-        out[node] = pids
-    return out
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
-    except OSError:
-        return b"(gone)"
+    return {node: [pid for pid in lab.node_pids(node) if b"rlctl" in (cmdline(pid) or b"")] for node in lab.nodes}
 
 
 def wait_until_no_rlctl_process(lab, timeout: float = 30) -> None:
@@ -117,7 +100,7 @@ def wait_until_no_rlctl_process(lab, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while left := {node: pids for node, pids in rlctl_processes(lab).items() if pids}:
         if time.monotonic() > deadline:
-            shown = {node: [_cmdline(pid) for pid in pids] for node, pids in left.items()}
+            shown = {node: [(cmdline(pid) or b"(ended)")[:200] for pid in pids] for node, pids in left.items()}
             pytest.fail(f"rlctl processes still on nodes after {timeout:.0f}s: {shown}")
         time.sleep(0.2)
 
@@ -163,8 +146,8 @@ def test_apex_solves_in_a_3_node_allocation_keys_stay_hidden_and_a_downed_node_m
         shown = lab.slurm("scontrol", "show", "job", "-d", str(job_id)).stdout
         shown += lab.slurm("scontrol", "show", "step", str(job_id)).stdout
         assert "JobId=" in shown and "Name=rlctl-learner-0" in shown and "Name=rlctl-collector-3" in shown, shown
-        for cmdline in command_lines():
-            assert b"RLCTL_CURVE_KEYS" not in cmdline and not any(k in cmdline for k in keys), cmdline
+        for line in command_lines():
+            assert b"RLCTL_CURVE_KEYS" not in line and not any(k in line for k in keys), line
         assert not any(k.decode() in shown for k in keys) and "RLCTL_CURVE_KEYS" not in shown
         # A collector node goes down mid-run: reported, its collectors start again on the nodes left, the run goes on.
         assert lab.slurm("scontrol", "update", "nodename=h3", "state=down", "reason=rlctl-test").returncode == 0
