@@ -191,8 +191,10 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits or Gaussian means [B, A], values [B])."""
-        head = linear(self.actor_head, self.actor_body.forward(obs))
-        return head, linear(self.critic_head, self.critic_body.forward(obs)).squeeze(-1)
+        features = self.actor_body.forward(obs)
+        # Shared convolutions run once for both heads (running them per head doubled every forward and backward).
+        critic = features if self.critic_body is self.actor_body else self.critic_body.forward(obs)
+        return linear(self.actor_head, features), linear(self.critic_head, critic).squeeze(-1)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State values [B]."""

@@ -45,6 +45,23 @@ def test_atari_preset_gives_stacked_uint8_frames_and_the_nature_network():
     assert torch.allclose(model(x)[0], model(x.float() / 255.0)[0], atol=1e-5)
 
 
+def test_shared_convolutions_run_once_for_both_heads(monkeypatch):
+    """One pass of the shared encoder feeds policy and value (a pass per head doubled every forward and backward);
+    the heads are what each would compute from that pass."""
+    from rlctl import models
+
+    calls = []
+    encode = models.ConvEncoder.forward
+    monkeypatch.setattr(models.ConvEncoder, "forward", lambda self, obs: calls.append(1) or encode(self, obs))
+    torch.manual_seed(0)
+    model = models.ActorCritic((4, 84, 84), n_actions=6, encoder="conv")
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    head, value = model(obs)
+    assert len(calls) == 1
+    features = encode(model.actor_body, obs)
+    assert torch.equal(head, model.actor_head(features)) and torch.equal(value, model.critic_head(features)[:, 0])
+
+
 def test_minatar_gets_the_small_conv_and_apex_takes_images():
     job = validate_job({"job": {"name": "m"}, "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 2},
                         "algorithm": {"name": "apex"}, "model": {"encoder": "conv"}})
