@@ -166,13 +166,13 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
         if threads.startswith("auto:"):
             threads = f"the cores left there after {threads[5:]} other processes"
         out.append(f"{x.name}  role={x.role} rank={x.rank} host={x.host} torch threads={threads}"
-                   + (f"  binds {binds}" if binds else ""))
+                   + _cores_text(x, p.hosts) + (f"  binds {binds}" if binds else ""))
         out.append("  $ " + shlex.join(x.argv))
     out.append("")
-    out.append("environment of every process (RLCTL_ROLE, RLCTL_RANK, RLCTL_HOST, RLCTL_BINDS, RLCTL_TORCH_THREADS "
-               "differ per process):")
+    own = ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS", "RLCTL_TORCH_THREADS", "RLCTL_LEARNER_CORES")
+    out.append(f"environment of every process ({', '.join(own)} differ per process):")
     for k, v in p.to_dict()["processes"][0]["env"].items():
-        if k not in ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS", "RLCTL_TORCH_THREADS"):
+        if k not in own:
             out.append(f"  {k}={v}")
     con.print("\n".join(out), markup=False, soft_wrap=True)
 
@@ -344,6 +344,22 @@ def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[
     print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
           file=sys.stderr)
     return rundir, spec, resumed
+
+
+def _cores_text(proc, hosts: list[dict]) -> str:
+    """`topology.learner_cores = "dedicated"` in a plan line: the cores themselves on this machine, the rule elsewhere."""
+    from rlctl.plan import core_ranges, pinned_cores, usable_cpus
+
+    value = proc.env.get("RLCTL_LEARNER_CORES")
+    if not value:
+        return ""
+    if not next(h["local"] for h in hosts if h["name"] == proc.host):
+        threads = value.partition(":")[2]
+        return ("  cores=" + (f"{threads} of its own per rank" if proc.role == "learner" else
+                              "those the learner ranks leave") + (" (counted there)" if ":" in threads else ""))
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(usable_cpus()))
+    sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable)
+    return "  cores=" + (" | ".join(map(core_ranges, sets)) if sets else "all (too few to dedicate)")
 
 
 def _warn_machine(spec) -> None:

@@ -140,6 +140,15 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
                    f"learner and switch among themselves. The same {envs} envs step as fast as collectors = {fewer}, "
                    f"envs_per_collector = {-(-envs // fewer)} (one batched forward per step serves every env of a "
                    "collector)")
+    if spec.topology.learner_cores == "dedicated":
+        for h in local:
+            ranks = node_procs.get(h.name, 0)
+            others = h.collectors + h.replay_shards + int(h.evaluator)
+            threads = spec.topology.learner_threads or auto_threads(cpus, others, ranks)
+            if ranks and ranks * threads >= cpus:
+                out.append(f"topology.learner_cores = \"dedicated\": {ranks} learner rank(s) x {threads} torch "
+                           f"thread(s) would take all of this machine's {cpus} cores, so nothing is pinned; give "
+                           "fewer learner_procs or learner_threads")
     return out
 
 
@@ -230,6 +239,9 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
                "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
                "RLCTL_TORCH_THREADS": learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
+        if spec.topology.learner_cores == "dedicated" and h.learner:
+            node = next(i for i, n in enumerate(learner_nodes) if n is h)
+            env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{learner_threads(h, node_procs[node])}"
         if board and h is head and (role == "learner" or role in subscribers):
             env["RLCTL_WEIGHT_BOARD"] = board
         if not all_local:
@@ -315,12 +327,46 @@ def auto_threads(cpus: int, others: int, ranks: int) -> int:
     return max(1, (cpus - others) // max(1, ranks))
 
 
-def torch_threads(value: str | None, local_ranks: int = 1) -> int:
-    """A process's RLCTL_TORCH_THREADS ("N", or "auto:OTHERS" to count on this host) as a thread count."""
+def torch_threads(value: str | None, local_ranks: int = 1, cpus: int | None = None) -> int:
+    """A process's RLCTL_TORCH_THREADS ("N", or "auto:OTHERS" to count on this host, of `cpus` or its usable CPUs)
+    as a thread count."""
     value = value or "1"
     if value.startswith("auto:") and value[5:].isdigit():
-        return auto_threads(usable_cpus(), int(value[5:]), local_ranks)
+        return auto_threads(usable_cpus() if cpus is None else cpus, int(value[5:]), local_ranks)
     return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def pinned_cores(value: str | None, role: str, local_rank: int, usable: list[int]) -> list[list[int]] | None:
+    """The CPU sets of `topology.learner_cores = "dedicated"` for one process, out of the host's `usable` CPUs.
+
+    `value` is the plan's RLCTL_LEARNER_CORES, "RANKS:THREADS" (THREADS as in RLCTL_TORCH_THREADS), given to every
+    process on a learner host. Learner rank i takes THREADS cores of its own, usable[i*THREADS:(i+1)*THREADS]; the
+    host's other processes share the rest. One set per local learner rank for role "learner" with local_rank < 0
+    (how the plan shows a node's ranks), else one set. None: nothing pinned (too few cores, or a malformed value).
+    """
+    ranks, colon, threads_value = (value or "").partition(":")
+    if not colon or not ranks.isdigit() or int(ranks) < 1:
+        return None
+    ranks_n = int(ranks)
+    threads = torch_threads(threads_value, ranks_n, len(usable))
+    reserved = ranks_n * threads
+    if reserved >= len(usable):
+        return None
+    if role != "learner":
+        return [usable[reserved:]]
+    sets = [usable[i * threads:(i + 1) * threads] for i in range(ranks_n)]
+    return sets if local_rank < 0 else [sets[local_rank]] if local_rank < ranks_n else None
+
+
+def core_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (as taskset and /proc/self/status write CPU lists)."""
+    spans: list[list[int]] = []
+    for c in sorted(cpus):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _bind(h: HostSpec, all_local: bool) -> str:

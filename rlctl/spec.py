@@ -247,6 +247,11 @@ class TopologySpec(Section):
     """torch threads of each learner rank. 0: the cores its host has left after every other rlctl process there
     (one each: collectors, replay shards, evaluator and inference servers run one torch thread), shared by the
     host's learner ranks, at least 1. `rlctl plan` shows the choice."""
+    learner_cores: Literal["shared", "dedicated"] = "shared"
+    """`dedicated`: on each learner host, every learner rank pins itself to cores of its own (as many as its torch
+    threads) and the host's other rlctl processes to the cores left, so collectors never take the learner's core
+    when it is the bottleneck (image jobs on few cores, as Sample Factory pins its workers). Where that would leave
+    no core for the others nothing is pinned. `shared`: the OS places every process. `rlctl plan` shows the cores."""
 
 
 class InferenceSpec(Section):

@@ -20,8 +20,10 @@ from rlctl.plan import (
     LaunchPlan,
     auto_threads,
     choose_base_port,
+    core_ranges,
     default_base_port,
     make_plan,
+    pinned_cores,
     placement,
     ports_needed,
     torch_threads,
@@ -579,6 +581,64 @@ def test_torch_threads_are_chosen_per_process_and_said_in_the_plan(remote_spec):
     out = rlctl("plan", str(APEX)).stdout
     assert f"learner-0  role=learner rank=0 host=localhost torch threads={auto_threads(usable_cpus(), 4, 1)}" in out
     assert "collector-0  role=collector rank=0 host=localhost torch threads=1" in out
+
+
+def test_dedicated_learner_cores_split_a_hosts_cpus_between_learner_ranks_and_the_rest():
+    cpus = [0, 1, 2, 3, 4, 5, 6, 7]
+    # One rank of 1 thread: core 0 for it, the other seven for everyone else.
+    assert pinned_cores("1:1", "learner", 0, cpus) == [[0]]
+    assert pinned_cores("1:1", "collector", 0, cpus) == [[1, 2, 3, 4, 5, 6, 7]]
+    # Two ranks of 3: 0-2 and 3-5, the rest 6-7; the plan asks for every rank's set at once (local_rank -1).
+    assert pinned_cores("2:3", "learner", 1, cpus) == [[3, 4, 5]]
+    assert pinned_cores("2:3", "learner", -1, cpus) == [[0, 1, 2], [3, 4, 5]]
+    assert pinned_cores("2:3", "replay", 0, cpus) == [[6, 7]]
+    # auto threads count on the host: 8 cpus less 4 other processes over 2 ranks = 2 each.
+    assert pinned_cores("2:auto:4", "learner", 1, cpus) == [[2, 3]]
+    assert pinned_cores("2:auto:4", "evaluator", 0, cpus) == [[4, 5, 6, 7]]
+    # The CPUs this process may use, not 0..n-1 (a taskset or a Slurm cgroup gave it these).
+    assert pinned_cores("1:1", "learner", 0, [4, 9]) == [[4]] and pinned_cores("1:1", "x", 0, [4, 9]) == [[9]]
+    # Nothing left for the others, a rank past the host's, junk: nothing pinned.
+    assert pinned_cores("2:1", "learner", 0, [0, 1]) is None and pinned_cores("1:2", "collector", 0, [0, 1]) is None
+    assert pinned_cores("1:1", "learner", 1, cpus) is None
+    for junk in (None, "", "x", "0:1", ":1", "-1:1", "1"):
+        assert pinned_cores(junk, "learner", 0, cpus) is None, junk
+    assert core_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and core_ranges([3]) == "3"
+
+
+def test_dedicated_learner_cores_are_given_to_the_learner_hosts_processes_and_said_in_the_plan(tmp_path):
+    spec = apex_job(topology={"learner_cores": "dedicated", "learner_threads": 1, "collectors": 1})
+    env = {x.name: x.env.get("RLCTL_LEARNER_CORES") for x in plan_of(spec).processes}
+    assert set(env.values()) == {"1:1"}, env
+    assert "RLCTL_LEARNER_CORES" not in by_name(plan_of(apex_job()))["learner-0"].env  # shared: the default
+    job = tmp_path / "cores.toml"
+    job.write_text('[job]\nname = "c"\n[env]\nid = "CartPole-v1"\n[algorithm]\nname = "appo"\n'
+                   '[topology]\ncollectors = 1\nevaluator = false\nlearner_threads = 1\n'
+                   'learner_cores = "dedicated"\n')
+    out = rlctl("plan", str(job))
+    assert out.returncode == 0, out.stderr
+    if usable_cpus() > 1:
+        cpus = sorted(os.sched_getaffinity(0))
+        assert f"torch threads=1  cores={cpus[0]}  binds" in out.stdout
+        assert f"collector-0  role=collector rank=0 host=localhost torch threads=1  cores={core_ranges(cpus[1:])}" \
+            in out.stdout
+    # Learner hosts reached over SSH: the rule, counted there; hosts without a learner pin nothing.
+    text = REMOTE_JOB.replace("learner_procs = 2\n", 'learner_procs = 2\nlearner_cores = "dedicated"\n')
+    spec = validate_job(tomllib.loads(text.replace('learner = true\n', '').replace(
+        'collectors = 2\n', 'collectors = 2\nlearner = true\n')), "multi.toml")
+    procs = by_name(plan_of(spec))
+    assert procs["learner-0"].env["RLCTL_LEARNER_CORES"] == "2:auto:2"
+    assert procs["collector-3"].env["RLCTL_LEARNER_CORES"] == "2:auto:2"  # on the learner's host, cpu-box
+    assert "RLCTL_LEARNER_CORES" not in procs["collector-0"].env and "RLCTL_LEARNER_CORES" not in procs["replay-0"].env
+
+
+def test_dedicated_cores_that_leave_nothing_for_the_others_are_a_warning():
+    from rlctl.plan import machine_warnings
+
+    wide = validate_job({"job": {"name": "w"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"},
+                         "topology": {"learner_procs": 2, "collectors": 2, "learner_cores": "dedicated"}})
+    (warning,) = [w for w in machine_warnings(wide, cpus=2) if "learner_cores" in w]
+    assert "2 learner rank(s) x 1 torch thread(s) would take all of this machine's 2 cores" in warning
+    assert not [w for w in machine_warnings(wide, cpus=8) if "learner_cores" in w]
 
 
 @pytest.mark.parametrize("job", sorted(p.name for p in (REPO / "jobs").glob("*.toml")))

@@ -175,3 +175,48 @@ def test_killed_supervisor_shows_lost_and_stop_ends_its_processes(tmp_path):
     assert read_state(run_dir)["status"] == "stopped"
     assert _all_gone(state)
     assert not list(Path("/dev/shm").glob(f"rlctl-{run_id}-*"))  # the learner's weight board too
+
+
+def _thread_cores(pid: int) -> dict[str, set[int]]:
+    """Each thread's name -> the CPUs it may run on (threads of one name merged)."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            out.setdefault(name, set()).update(os.sched_getaffinity(int(tid)))
+        except OSError:  # a thread that just ended
+            pass
+    return out
+
+
+def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(tmp_path):
+    """`topology.learner_cores = "dedicated"`: every thread of the learner rank (ZeroMQ's I/O threads too) on a core
+    of its own; the collectors and the evaluator on the cores left."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        import pytest
+        pytest.skip("dedicating a core needs two")
+    job = tmp_path / "pinned.toml"
+    job.write_text('[job]\nname = "pinned"\n[job.stop]\nwall_s = 120\n[env]\nid = "CartPole-v1"\n'
+                   '[algorithm]\nname = "appo"\n[topology]\ncollectors = 2\nlearner_threads = 1\n'
+                   'learner_cores = "dedicated"\n[logging]\nmetrics_interval_s = 0.3\n')
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs)}
+    run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=30).stdout.split()[0]
+    run_dir = runs / run_id
+    try:
+        wait_for(lambda: read_state(run_dir).get("metrics", {}).get("learner/updates", 0) >= 3, 120,
+                 what="learner updates")
+        rows = {p["name"]: p for p in read_state(run_dir)["processes"]}
+        agent = rows["learner-0"]["pid"]  # torchrun's agent: the rank is its child
+        (worker,) = map(int, Path(f"/proc/{agent}/task/{agent}/children").read_text().split())
+        own, rest = {cpus[0]}, set(cpus[1:])
+        threads = _thread_cores(worker)
+        assert "ZMQbg/IO/0" in threads and all(c == own for c in threads.values()), threads
+        for name in ("collector-0", "collector-1", "evaluator-0"):
+            assert all(c == rest for c in _thread_cores(rows[name]["pid"]).values()), name
+        log = (run_dir / "logs" / "learner-0.log").read_text()
+        assert f"pinned to CPU cores {cpus[0]}" in log, log
+    finally:
+        run_cli(["stop", run_id], env=env, timeout=60)
+    assert read_state(run_dir)["status"] == "stopped"

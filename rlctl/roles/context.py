@@ -188,6 +188,27 @@ def set_torch_threads() -> int:
     return n
 
 
+def pin_cores() -> list[int] | None:
+    """Pin every thread of this process to the cores the plan's RLCTL_LEARNER_CORES gives its role (threads made
+    later inherit them); returns them, or None where nothing is pinned."""
+    from rlctl.plan import pinned_cores
+
+    env = os.environ
+    if not env.get("RLCTL_LEARNER_CORES") or not hasattr(os, "sched_setaffinity"):
+        return None
+    local_rank = env.get("LOCAL_RANK", "0")
+    sets = pinned_cores(env["RLCTL_LEARNER_CORES"], env.get("RLCTL_ROLE", ""),
+                        int(local_rank) if local_rank.isdigit() else 0, sorted(os.sched_getaffinity(0)))
+    if not sets:
+        return None
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), sets[0])
+        except OSError:  # a thread that just ended
+            pass
+    return sets[0]
+
+
 def role_main(run) -> None:
     """A role's entry point: install the stop flag first (so an early SIGTERM is not lost), then run the loop.
 
@@ -197,6 +218,12 @@ def role_main(run) -> None:
     returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
     """
     stop = StopFlag()
+    cores = pin_cores()
+    if cores is not None:
+        from rlctl.plan import core_ranges
+
+        print(f"{os.environ.get('RLCTL_ROLE')} (pid {os.getpid()}): pinned to CPU cores {core_ranges(cores)}",
+              flush=True)
     watch_supervisor(lambda: setattr(stop, "requested", True))
     run(RoleContext.from_env(), stop)
     sys.stdout.flush()
