@@ -1,6 +1,6 @@
 """Atari throughput: a running APPO Pong job against bare in-process loops on the same machine.
 
-    python bench/atari.py [--seconds 60] [--warmup 20] [--bare-seconds 20] [--job jobs/appo-pong.toml]
+    python bench/atari.py [--seconds 90] [--warmup 20] [--bare-seconds 20] [--job jobs/appo-pong.toml]
 
 * Job: `rlctl run` of the job (PongNoFrameskip-v4, env.preset = "atari": no-op starts, frame skip 4, 84 x 84
   grayscale, 4 stacked frames; Nature-DQN convolutions; 2 collectors) for --seconds; its env steps/s and the
@@ -13,6 +13,7 @@
   loss over a batch of the job's shape (batch_steps samples, uint8 frames scaled on the way in), backward, clip,
   step. The job's learner is compared on its samples per busy second: learner/samples_per_s / (1 -
   learner/data_wait_frac), since a learner that waits for collectors is not slow. Target >= 0.9.
+* Each bare loop runs half its --bare-seconds before the job and half after; its figure is the mean of the two.
 
 On a GPU machine, `--device cuda` runs the job's learner and the bare learner loop on the GPU.
 Last line: one JSON object with `frames_per_s`, `bare_frames_per_s`, `ratio`, `learner_ratio` and the figures behind
@@ -149,9 +150,10 @@ def bare_learner(job_spec, seconds: float, device: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--job", default=str(REPO / "jobs" / "appo-pong.toml"))
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=90.0)
     ap.add_argument("--warmup", type=float, default=20.0)
-    ap.add_argument("--bare-seconds", type=float, default=20.0)
+    ap.add_argument("--bare-seconds", type=float, default=20.0, help="each bare loop, half before the job and "
+                    "half after")
     ap.add_argument("--device", default="cpu", help="the learner's device (job and bare loop)")
     args = ap.parse_args()
     children.install()  # killed or failing: the run (and its processes) ends with the bench
@@ -162,9 +164,15 @@ def main() -> None:
     algo = spec.algorithm
     envs = spec.env.envs_per_collector
     samples_per_update = algo.rollouts_per_update(envs) * envs * algo.rollout_len
+    # The bare loops run half before the job and half after: this machine's speed drifts by 10-20% over minutes
+    # (other tenants), and one side alone read a drift as the job's overhead.
+    half = args.bare_seconds / 2
+    bare_steps_runs = [bare_collector(spec, half)]
+    bare_samples_runs = [bare_learner(spec, half, args.device)]
     job = run_job(Path(args.job), args.seconds, args.warmup, args.device, samples_per_update)
-    bare_steps = bare_collector(spec, args.bare_seconds)
-    bare_samples = bare_learner(spec, args.bare_seconds, args.device)
+    bare_steps_runs.append(bare_collector(spec, half))
+    bare_samples_runs.append(bare_learner(spec, half, args.device))
+    bare_steps, bare_samples = float(np.mean(bare_steps_runs)), float(np.mean(bare_samples_runs))
     frames, bare_frames = job["env_steps_per_s"] * skip, bare_steps * skip
     busy = job["samples_per_s"] / max(1e-9, 1 - job["data_wait_frac"])
     out = {"bench": "atari", "env": spec.env.id, "collectors": spec.collector_count,
@@ -173,11 +181,15 @@ def main() -> None:
            "ratio": round(frames / bare_frames, 3),
            "learner_samples_per_s": round(job["samples_per_s"], 1), "learner_data_wait_frac": round(job["data_wait_frac"], 3),
            "learner_busy_samples_per_s": round(busy, 1), "bare_samples_per_s": round(bare_samples, 1),
-           "learner_ratio": round(busy / bare_samples, 3)}
+           "learner_ratio": round(busy / bare_samples, 3),
+           "bare_frames_per_s_before_after": [round(v * skip, 1) for v in bare_steps_runs],
+           "bare_samples_per_s_before_after": [round(v, 1) for v in bare_samples_runs]}
     print(f"job: {frames:,.0f} frames/s ({job['env_steps_per_s']:,.0f} env steps/s), learner {job['samples_per_s']:,.0f} "
           f"samples/s, waiting for data {job['data_wait_frac']:.0%} of the time ({busy:,.0f} per busy second)")
     print(f"bare collector loop ({spec.collector_count * spec.env.envs_per_collector} envs, one process): "
-          f"{bare_frames:,.0f} frames/s; bare learner loop: {bare_samples:,.0f} samples/s")
+          f"{bare_frames:,.0f} frames/s (before the job {bare_steps_runs[0] * skip:,.0f}, after "
+          f"{bare_steps_runs[1] * skip:,.0f}); bare learner loop: {bare_samples:,.0f} samples/s (before "
+          f"{bare_samples_runs[0]:,.0f}, after {bare_samples_runs[1]:,.0f})")
     print(f"ratio {out['ratio']:.2f} (target >= 0.8: {'MET' if out['ratio'] >= 0.8 else 'MISSED'}); learner ratio "
           f"{out['learner_ratio']:.2f} (target >= 0.9: {'MET' if out['learner_ratio'] >= 0.9 else 'MISSED'})")
     import json
