@@ -355,8 +355,8 @@ def _cores_text(proc, hosts: list[dict]) -> str:
         return ""
     if not next(h["local"] for h in hosts if h["name"] == proc.host):
         threads = value.partition(":")[2]
-        return ("  cores=" + (f"{threads} of its own per rank" if proc.role == "learner" else
-                              "those the learner ranks leave") + (" (counted there)" if ":" in threads else ""))
+        mine = "one per torch thread" if ":" in threads else threads
+        return "  cores=" + (f"{mine} of its own" if proc.role == "learner" else "those the learner ranks leave")
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(usable_cpus()))
     sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable)
     return "  cores=" + (" | ".join(map(core_ranges, sets)) if sets else "all (too few to dedicate)")

@@ -143,7 +143,8 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
     if spec.topology.learner_cores == "dedicated":
         for h in local:
             ranks = node_procs.get(h.name, 0)
-            others = h.collectors + h.replay_shards + int(h.evaluator)
+            servers = spec.inference.servers_per_host if spec.central_inference and h.learner else 0
+            others = h.collectors + h.replay_shards + int(h.evaluator) + servers
             threads = spec.topology.learner_threads or auto_threads(cpus, others, ranks)
             if ranks and ranks * threads >= cpus:
                 out.append(f"topology.learner_cores = \"dedicated\": {ranks} learner rank(s) x {threads} torch "
