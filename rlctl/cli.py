@@ -348,7 +348,7 @@ def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[
 
 def _cores_text(proc, hosts: list[dict]) -> str:
     """`topology.learner_cores = "dedicated"` in a plan line: the cores themselves on this machine, the rule elsewhere."""
-    from rlctl.plan import core_ranges, pinned_cores, usable_cpus
+    from rlctl.plan import core_ranges, pinned_cores, usable_cpu_ids
 
     value = proc.env.get("RLCTL_LEARNER_CORES")
     if not value:
@@ -357,8 +357,7 @@ def _cores_text(proc, hosts: list[dict]) -> str:
         threads = value.partition(":")[2]
         mine = "one per torch thread" if ":" in threads else threads
         return "  cores=" + (f"{mine} of its own" if proc.role == "learner" else "those the learner ranks leave")
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(usable_cpus()))
-    sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable)
+    sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable_cpu_ids())
     return "  cores=" + (" | ".join(map(core_ranges, sets)) if sets else "all (too few to dedicate)")
 
 

@@ -143,9 +143,7 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
     if spec.topology.learner_cores == "dedicated":
         for h in local:
             ranks = node_procs.get(h.name, 0)
-            servers = spec.inference.servers_per_host if spec.central_inference and h.learner else 0
-            others = h.collectors + h.replay_shards + int(h.evaluator) + servers
-            threads = spec.topology.learner_threads or auto_threads(cpus, others, ranks)
+            threads = spec.topology.learner_threads or auto_threads(cpus, other_processes(spec, h), ranks)
             if ranks and ranks * threads >= cpus:
                 out.append(f"topology.learner_cores = \"dedicated\": {ranks} learner rank(s) x {threads} torch "
                            f"thread(s) would take all of this machine's {cpus} cores, so nothing is pinned; give "
@@ -265,7 +263,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         processes (one thread each) shared by its ranks: counted here for this machine, on the host for others."""
         if spec.topology.learner_threads:
             return str(spec.topology.learner_threads)
-        others = h.collectors + h.replay_shards + int(h.evaluator) + servers.count(h)
+        others = other_processes(spec, h)
         return str(auto_threads(usable_cpus(), others, ranks)) if h.is_local else f"auto:{others}"
 
     for rank, (h, r) in enumerate(zip(shards, replay_eps)):
@@ -315,12 +313,23 @@ def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
     return dataclasses.replace(proc, host=host.name, argv=argv, env=env)
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
+def usable_cpu_ids() -> list[int]:
+    """The CPUs this process may run on, in order."""
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(usable_cpu_ids())
+
+
+def other_processes(spec: JobSpec, h: HostSpec) -> int:
+    """The rlctl processes on host `h` besides its learner ranks (each runs one torch thread)."""
+    servers = spec.inference.servers_per_host if spec.central_inference and h.learner else 0
+    return h.collectors + h.replay_shards + int(h.evaluator) + servers
 
 
 def auto_threads(cpus: int, others: int, ranks: int) -> int:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import group_alive, only_run, pid_alive, read_state, run_cli, small_job, wait_for
 
 
@@ -194,7 +196,6 @@ def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(
     of its own; the collectors and the evaluator on the cores left."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        import pytest
         pytest.skip("dedicating a core needs two")
     job = tmp_path / "pinned.toml"
     job.write_text('[job]\nname = "pinned"\n[job.stop]\nwall_s = 120\n[env]\nid = "CartPole-v1"\n'

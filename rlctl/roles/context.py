@@ -191,14 +191,14 @@ def set_torch_threads() -> int:
 def pin_cores() -> list[int] | None:
     """Pin every thread of this process to the cores the plan's RLCTL_LEARNER_CORES gives its role (threads made
     later inherit them); returns them, or None where nothing is pinned."""
-    from rlctl.plan import pinned_cores
+    from rlctl.plan import pinned_cores, usable_cpu_ids
 
     env = os.environ
     if not env.get("RLCTL_LEARNER_CORES") or not hasattr(os, "sched_setaffinity"):
         return None
     local_rank = env.get("LOCAL_RANK", "0")
     sets = pinned_cores(env["RLCTL_LEARNER_CORES"], env.get("RLCTL_ROLE", ""),
-                        int(local_rank) if local_rank.isdigit() else 0, sorted(os.sched_getaffinity(0)))
+                        int(local_rank) if local_rank.isdigit() else 0, usable_cpu_ids())
     if not sets:
         return None
     for tid in os.listdir("/proc/self/task"):
