@@ -332,6 +332,9 @@ class Supervisor:
             self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
             self.status = "starting"
             self._publish()
+            # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
+            # of the run, where it held up reading heartbeats and the stop rules (a 40k-step stop ended at 59k).
+            self._open_wandb()
             self.forkserver = self._start_forkserver()
             self._start_all()
             tb = self._open_tb()  # TensorBoard's import takes ~0.2 s: only once every process is on its way
@@ -413,11 +416,14 @@ class Supervisor:
         hparams = flatten(resolved_dict(self.spec))
         tb.text("hyperparameters", hyperparameter_table(hparams))
         tb.hparams_start(hparams, HPARAM_METRICS, self.started_at)
-        if self.spec.logging.wandb is not None and self.wandb is None:
+        return tb
+
+    def _open_wandb(self) -> None:
+        if self.spec.logging.wandb is not None:
             from rlctl.wandb_mirror import open_mirror
 
-            self.wandb = open_mirror(self.spec.logging.wandb, self.plan.run_id, str(self.rundir.path), hparams)
-        return tb
+            self.wandb = open_mirror(self.spec.logging.wandb, self.plan.run_id, str(self.rundir.path),
+                                     flatten(resolved_dict(self.spec)))
 
     def _loop(self, tb: TensorBoardWriter) -> None:
         criteria = StopCriteria(self.spec, self.started_at)
