@@ -130,7 +130,7 @@ CASES = [
     # its first phase: one collector with local inference, past start-up
     ("inference.py", ["--collectors", "1", "--window", "60"], False, [("rlctl.roles.collector", 1, True)]),
     # the Pong job's supervisor with every process running: fork server and its two collectors, the learner
-    ("atari.py", ["--seconds", "120"], True,
+    ("atari.py", ["--seconds", "120", "--bare-seconds", "2"], True,
      [("-m rlctl run", 1, True), ("rlctl.forkserver", 3, False), ("rlctl.torchrun", 1, False),
       "*/runs/*/state.json"]),
     ("fuzz.py", ["--messages", "1000000", "--jobs", "apex"], False,
