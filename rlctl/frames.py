@@ -15,6 +15,11 @@ frames; here each frame is sent and stored once:
   a prefix of the keys: they are dropped from sampling (priority 0), never served with another run's pixels.
 
 Messages stay self-contained (no frame refers to an earlier message), so ZeroMQ may spread them over any shards.
+
+Rollouts (PPO, APPO, IMPALA) travel the same way: `rollout_frames` turns a rollout's [T+1, envs, S, H, W] `obs` into
+its `frames` and [T+1, envs] `obs_frame` stack starts (a 32-step rollout of 4-frame stacks sends 3.7 times fewer
+bytes, each of them encrypted and decrypted once), `parse_rollout_frames` checks what arrives, and
+`rebuild_stacks` gathers the stacks again on the learner's device.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import numpy as np
 
 from rlctl.buffers import DEFAULT_MAX_SNAPSHOT_BYTES, PrioritizedReplay, SnapshotError
 
-__all__ = ["frame_stack_depth", "frame_table", "wire_item_layout", "FrameItems", "parse_frame_items", "FrameReplay"]
+__all__ = ["frame_stack_depth", "frame_table", "wire_item_layout", "FrameItems", "parse_frame_items", "FrameReplay",
+           "rollout_frames", "parse_rollout_frames", "rebuild_stacks"]
 
 STACK_FIELDS = {"obs": "obs_frame", "next_obs": "next_frame"}  # stacked field -> its stack-start field on the wire
 # Frame ring slack over one frame per transition slot: each chunk re-sends its n-step carry and first stack (with
@@ -75,6 +81,35 @@ def frame_table(stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new[..., :-1] = ~shifted[..., None]
     frames = stacks.transpose(1, 0, 2, *range(3, stacks.ndim))[new.transpose(1, 0, 2)]
     return frames, start.astype(np.int64)
+
+
+def rollout_frames(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A rollout's arrays with `obs` [rows, envs, S, H, W] replaced by its unique `frames` [K, H, W] and the
+    `obs_frame` [rows, envs] int32 stack starts into them."""
+    out = {k: a for k, a in arrays.items() if k != "obs"}
+    obs = arrays["obs"]
+    out["frames"], start = frame_table(obs)
+    out["obs_frame"] = start.astype(np.int32).reshape(obs.shape[:2])
+    return out
+
+
+def parse_rollout_frames(frames, start, rows: int, n_envs: int, obs_shape: tuple[int, ...]) -> bool:
+    """Whether a rollout's `frames` and `obs_frame` of (S, H, W) observations are exactly: [K, H, W] uint8 frames
+    with S <= K <= rows * n_envs * S, and [rows, n_envs] int32 starts that each leave a whole stack within them."""
+    s = int(obs_shape[0])
+    return (isinstance(frames, np.ndarray) and isinstance(start, np.ndarray) and frames.dtype == np.uint8
+            and frames.ndim == len(obs_shape) and frames.shape[1:] == tuple(obs_shape[1:]) and s <= len(frames) <= rows * n_envs * s
+            and start.dtype == np.int32 and start.shape == (rows, n_envs)
+            and int(start.min()) >= 0 and int(start.max()) <= len(frames) - s)
+
+
+def rebuild_stacks(frames, start, s: int):
+    """[K, H, W] frames and [...] stack starts (torch tensors on one device) -> the [..., S, H, W] stacks (one
+    gather)."""
+    import torch
+
+    index = (start.reshape(-1, 1) + torch.arange(s, device=start.device)).reshape(-1)
+    return frames.index_select(0, index).reshape(*start.shape, s, *frames.shape[1:])
 
 
 def wire_item_layout(layout: Mapping[str, tuple], s: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -4,16 +4,24 @@ every stack whole; snapshots and hostile messages."""
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
+import zmq
 from gymnasium.wrappers import FrameStackObservation
 from hypothesis import given, settings
+from conftest import free_ports
 from hypothesis import strategies as st
 
 from rlctl.algos.apex.dqn import ChunkedNStep
 from rlctl.buffers import SnapshotError, load_snapshot, save_snapshot
-from rlctl.frames import FRAME_SLACK, MIN_FRAME_CHUNK_STEPS, FrameReplay, frame_capacity, frame_table, parse_frame_items
+from rlctl.frames import (FRAME_SLACK, MIN_FRAME_CHUNK_STEPS, FrameReplay, frame_capacity, frame_table,
+                          parse_frame_items, parse_rollout_frames, rollout_frames)
+from rlctl.roles.learner_data import RolloutInbox, stack_rollouts
+from rlctl.wire import Message
 
 
 class PaletteFrames(gym.Env):
@@ -196,3 +204,90 @@ def test_hostile_frame_messages_are_refused():
         assert parse_frame_items({**good, **change}, layout, 2, 100) is None, change
     assert parse_frame_items(good, layout, 2, 4) is None  # more frames than the ring
     assert parse_frame_items({k: v for k, v in good.items() if k != "frames"}, layout, 2, 100) is None
+
+
+def _rollouts(seed, s, envs, T, shape, palette, max_len, count):
+    """`count` rollouts' observations [T+1, envs, S, *shape] as a rollout actor records them: T steps from the
+    vector env (autoresetting), then the bootstrap observation; each rollout starts where the last one ended."""
+    env = _vec_env(shape, s, envs, palette, max_len, seed)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    for _ in range(count):
+        rows = [obs]
+        for _ in range(T):
+            obs, *_ = env.step(rng.integers(0, 3, envs))
+            rows.append(obs)
+        yield np.stack(rows)
+    env.close()
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**16), s=st.integers(2, 4), envs=st.integers(1, 3), T=st.integers(1, 9),
+       shape=st.sampled_from([(4, 4), (3, 5)]), palette=st.integers(1, 4), max_len=st.integers(1, 9),
+       count=st.integers(1, 3))
+def test_rollout_stacks_rebuilt_on_the_learner_equal_the_envs_across_episodes(seed, s, envs, T, shape, palette,
+                                                                             max_len, count):
+    """A rollout's obs sent as frames (rlctl.frames.rollout_frames) and stacked by the learner's rollout source
+    (several rollouts along the env axis) are the stacks the env produced, across episode starts."""
+    naive = list(_rollouts(seed, s, envs, T, shape, palette, max_len, count))
+    msgs = []
+    for obs in naive:
+        sent = rollout_frames({"obs": obs, "reward": np.zeros((T, envs), np.float32)})
+        assert sent.keys() == {"frames", "obs_frame", "reward"}
+        assert parse_rollout_frames(sent["frames"], sent["obs_frame"], T + 1, envs, (s, *shape))
+        # Each env's first stack whole, then one frame per step that continues an episode.
+        assert envs * s <= len(sent["frames"]) <= envs * (s + T * s)
+        msgs.append(Message("rollout", arrays=sent))
+    got = stack_rollouts(msgs, torch.device("cpu"), frame_stack=s)
+    np.testing.assert_array_equal(got["obs"].numpy(), np.concatenate(naive, axis=1))
+    assert got["reward"].shape == (T, envs * count)
+
+
+def test_a_continuing_rollout_sends_each_frame_once():
+    """Without episode ends, a 32-step rollout of 4-frame stacks sends S + T frames per env, not (T + 1) * S."""
+    (obs,) = _rollouts(3, 4, 2, 32, (4, 4), 256, 10**6, 1)
+    assert len(rollout_frames({"obs": obs})["frames"]) == 2 * (4 + 32)
+
+
+def test_hostile_rollout_frames_are_refused():
+    """Frames or stack starts that are not exactly what a rollout of the job's layout sends are dropped, counted."""
+    from rlctl import wire
+    from rlctl.algos.onpolicy.actor import rollout_layout
+    from rlctl.envs import SpaceInfo
+
+    T, envs, s = 2, 2, 3
+    info = SpaceInfo(obs_shape=(s, 4, 4), obs_dtype="uint8", n_actions=3)
+    obs = np.random.default_rng(0).integers(0, 256, (T + 1, envs, s, 4, 4), dtype=np.uint8)
+    arrays = {name: np.zeros((rows, envs, *shape), dtype) for name, (rows, shape, dtype)
+              in rollout_layout(T, info).items()}
+    good = rollout_frames({**arrays, "obs": obs})
+    assert parse_rollout_frames(good["frames"], good["obs_frame"], T + 1, envs, (s, 4, 4))
+    k = len(good["frames"])
+    bad = [{"obs_frame": np.full((T + 1, envs), k - s + 1, np.int32)},  # a stack running past the frames
+           {"obs_frame": np.full((T + 1, envs), -1, np.int32)},
+           {"obs_frame": good["obs_frame"].astype(np.int64)},
+           {"obs_frame": good["obs_frame"][:T]},
+           {"frames": good["frames"][:, :3]},
+           {"frames": good["frames"].astype(np.int16)},
+           {"frames": np.zeros(((T + 1) * envs * s + 1, 4, 4), np.uint8)},  # more than the rollout can hold
+           {"frames": good["frames"][:s - 1]}]
+    for change in bad:
+        msg = {**good, **change}
+        assert not parse_rollout_frames(msg["frames"], msg["obs_frame"], T + 1, envs, (s, 4, 4)), change
+    net = wire.SecureContext(wire.CurveKeys.generate())
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    inbox = RolloutInbox(net, endpoint, rollout_layout(T, info), envs, 3, frame_stack=s)
+    push = net.client(zmq.PUSH, [endpoint])
+    try:
+        for change in [*bad, {"obs": obs}, {}]:  # whole stacks are refused too: this job sends frames
+            wire.send(push, "rollout", "collector-0", 0, None, {**good, **change})
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) + inbox.dropped < len(bad) + 2 and time.monotonic() < deadline:
+            inbox.sock.poll(100)
+            got += inbox.receive(100)
+        assert inbox.dropped == len(bad) + 1 and len(got) == 1
+    finally:
+        push.close(0)
+        inbox.sock.close(0)
+        net.close()

@@ -311,15 +311,14 @@ def test_an_oversized_frame_is_refused_before_it_is_allocated(tmp_path):
     assert grew < 64 << 20, grew
 
 
-def _inbox(n_actions: int = 2):
-    """A rollout inbox's validator without its socket."""
+def _check(n_actions: int = 2, frame_stack: int = 0):
+    """A rollout inbox's validator (of 4-step rollouts: of 3-float observations, or of 2-frame 2 x 3 stacks)."""
     from rlctl.algos.onpolicy.actor import rollout_layout
     from rlctl.envs import SpaceInfo
-    from rlctl.roles.learner_data import RolloutInbox
+    from rlctl.roles.learner_data import RolloutCheck
 
-    inbox = RolloutInbox.__new__(RolloutInbox)
-    inbox.layout, inbox.n_actions = rollout_layout(4, SpaceInfo((3,), "float32", n_actions)), n_actions
-    return inbox
+    info = SpaceInfo((2, 2, 3), "uint8", n_actions) if frame_stack else SpaceInfo((3,), "float32", n_actions)
+    return RolloutCheck(rollout_layout(4, info), n_actions, frame_stack)
 
 
 array_specs = st.tuples(st.sampled_from(sorted(wire.ALLOWED_DTYPES)),
@@ -329,12 +328,12 @@ array_specs = st.tuples(st.sampled_from(sorted(wire.ALLOWED_DTYPES)),
 @settings(max_examples=300, deadline=None)
 @given(sender=st.text(max_size=14) | st.sampled_from(["collector-0", "collector-²", "collector-1"]),
        fields=st.dictionaries(st.sampled_from(["obs", "value", "action", "logp", "reward", "terminated", "done",
-                                               "valid", "", "x"]), array_specs, max_size=9),
-       fill=st.integers(-5, 5))
-def test_the_rollout_validator_raises_nothing_on_any_decoded_message(sender, fields, fill):
+                                               "valid", "frames", "obs_frame", "", "x"]), array_specs, max_size=9),
+       fill=st.integers(-5, 5), frame_stack=st.sampled_from([0, 2]))
+def test_the_rollout_validator_raises_nothing_on_any_decoded_message(sender, fields, fill, frame_stack):
     arrays = {name: np.full(shape, fill).astype(dtype) for name, (dtype, shape) in fields.items()}
     msg = wire.decode([bytes(f) for f in wire.encode("rollout", sender, 0, None, arrays)])
-    assert _inbox()._valid(msg) in (True, False)
+    assert _check(frame_stack=frame_stack)(msg) in (True, False)
 
 
 header_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)

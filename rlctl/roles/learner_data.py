@@ -25,6 +25,7 @@ from rlctl import wire
 from rlctl.algos.base import UpdateResult
 from rlctl.control import SENDER
 from rlctl.envs import SpaceInfo
+from rlctl.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
 
 RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which sample requests are sent again
 ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
@@ -121,34 +122,53 @@ class ReplaySource:
         return {M.NET_DROPPED: self.stream.dropped}
 
 
-class RolloutInbox:
-    """This rank's PULL socket: rollouts whose layout matches the job's; malformed ones dropped and counted."""
+class RolloutCheck:
+    """Whether a decoded message is a rollout of the job's layout: the fields, shapes and dtypes, a collector's
+    sender, actions in range. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and `obs_frame` stack
+    starts (rlctl.frames)."""
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int, n_actions: int):
-        # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
-        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does. No frame
-        # larger than a rollout's biggest field is received at all.
-        frame = max(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER,
-                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
-        self.layout, self.n_actions = layout, n_actions
-        self.dropped = 0
+    def __init__(self, layout: dict, n_actions: int, frame_stack: int = 0):
+        self.layout, self.n_actions = dict(layout), n_actions
+        self.obs_rows, self.obs_shape, _ = layout["obs"]
+        if frame_stack:
+            del self.layout["obs"]  # checked by parse_rollout_frames instead
+            self.layout["obs_frame"] = (self.obs_rows, (), np.dtype(np.int32))
+        self.frame_stack = frame_stack
+        self.fields = set(self.layout) | ({"frames"} if frame_stack else set())
 
-    def _valid(self, msg: wire.Message) -> bool:
-        if msg.kind != "rollout" or msg.arrays.keys() != self.layout.keys() or collector_index(msg.sender) < 0:
+    def __call__(self, msg: wire.Message) -> bool:
+        if msg.kind != "rollout" or msg.arrays.keys() != self.fields or collector_index(msg.sender) < 0:
             return False
         n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
         for name, (rows, trailing, dtype) in self.layout.items():
             a = msg.arrays[name]
             if a.dtype != dtype or a.shape != (rows, n_envs, *trailing) or n_envs < 1:
                 return False
+        if self.frame_stack and not parse_rollout_frames(msg.arrays["frames"], msg.arrays["obs_frame"],
+                                                         self.obs_rows, n_envs, self.obs_shape):
+            return False
         return actions_in_range(msg.arrays["action"], self.n_actions)
+
+
+class RolloutInbox:
+    """This rank's PULL socket: rollouts that pass the job's RolloutCheck; malformed ones dropped and counted."""
+
+    def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int, n_actions: int,
+                 frame_stack: int = 0):
+        # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
+        # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does. No frame
+        # larger than a rollout's biggest field is received at all.
+        frame = max(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER,
+                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
+        self.valid = RolloutCheck(layout, n_actions, frame_stack)
+        self.dropped = 0
 
     def receive(self, limit: int) -> list[wire.Message]:
         """Up to `limit` rollouts that are waiting (the rest stay queued, as backpressure)."""
         out: list[wire.Message] = []
         for _, msg in wire.receive_waiting(self.sock):
-            if msg is None or not self._valid(msg):
+            if msg is None or not self.valid(msg):
                 self.dropped += 1
             else:
                 out.append(msg)
@@ -172,10 +192,17 @@ def collector_index(sender: str) -> int:
     return int(match.group(2)) if match and match.group(1) == "collector" else -1  # ASCII digits: never "²"
 
 
-def stack_rollouts(msgs: list[wire.Message], device: torch.device) -> dict[str, torch.Tensor]:
-    """Concatenate rollouts along the env axis into [T(+1), B, ...] tensors on `device`."""
-    return {k: torch.from_numpy(np.concatenate([m.arrays[k] for m in msgs], axis=1)).to(device)
-            for k in msgs[0].arrays}
+def stack_rollouts(msgs: list[wire.Message], device: torch.device, frame_stack: int = 0) -> dict[str, torch.Tensor]:
+    """Concatenate rollouts along the env axis into [T(+1), B, ...] tensors on `device`; rollouts whose obs came as
+    frames (`frame_stack` > 0) get their `obs` stacks rebuilt there."""
+    fields = [k for k in msgs[0].arrays if k not in ("frames", "obs_frame")]
+    out = {k: torch.from_numpy(np.concatenate([m.arrays[k] for m in msgs], axis=1)).to(device) for k in fields}
+    if frame_stack:
+        counts = np.cumsum([0] + [len(m.arrays["frames"]) for m in msgs[:-1]])
+        start = np.concatenate([m.arrays["obs_frame"] + np.int64(c) for m, c in zip(msgs, counts)], axis=1)
+        frames = torch.from_numpy(np.concatenate([m.arrays["frames"] for m in msgs])).to(device)
+        out["obs"] = rebuild_stacks(frames, torch.from_numpy(start).to(device), frame_stack)
+    return out
 
 
 class RolloutSource:
@@ -184,8 +211,9 @@ class RolloutSource:
     def __init__(self, net: wire.SecureContext, endpoint: str, job, info: SpaceInfo, layout, rank: int, world: int,
                  device: torch.device):
         algo = job.algorithm
+        self.frame_stack = frame_stack_depth(job, info)
         self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info), job.env.envs_per_collector,
-                                  info.n_actions)
+                                  info.n_actions, self.frame_stack)
         self.sock = self.inbox.sock
         self.device = device
         self.synchronous = job.algo.synchronous
@@ -213,7 +241,7 @@ class RolloutSource:
         msgs = [self.got[k] for k in sorted(self.got)]
         self.got = {}
         self.lags.extend(version - m.version for m in msgs)
-        return stack_rollouts(msgs, self.device)
+        return stack_rollouts(msgs, self.device, self.frame_stack)
 
     def feedback(self, batch: dict, result: UpdateResult) -> None:
         """Nothing goes back to collectors but the next weights."""
