@@ -211,3 +211,40 @@ def test_appo_one_pass_update_equals_the_two_pass_one(valid_rows):
     assert set(stats_two) == set(stats_one) - {M.LR}
     for k, v in stats_two.items():
         assert stats_one[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+
+
+def test_impala_step_with_the_bootstrap_row_outside_autograd_equals_the_step_through_all_rows():
+    # The learner runs the T trained rows through autograd and the bootstrap row's value under no_grad; the step
+    # must be the one a single forward over all T+1 rows gives (nothing reads that row's head or value gradient).
+    from rlctl.algos.base import LearnerSetup
+    from rlctl.algos.onpolicy.learner import IMPALALearner
+    from rlctl.algos.onpolicy.returns import impala_loss
+    from rlctl.envs import probe_space_info
+    from rlctl.spec import validate_job
+
+    job = validate_job({"job": {"name": "t", "seed": 4}, "env": {"id": "CartPole-v1", "envs_per_collector": 4},
+                        "algorithm": {"name": "impala", "rollout_len": 8, "optimizer": "adam"}})
+    info = probe_space_info(job.env)
+    g = torch.Generator().manual_seed(6)
+    T, B = 8, 4
+    batch = {"obs": torch.randn(T + 1, B, *info.obs_shape, generator=g), "value": torch.randn(T + 1, B, generator=g),
+             "action": torch.randint(0, 2, (T, B), generator=g), "logp": -torch.rand(T, B, generator=g) - 0.3,
+             "reward": torch.randn(T, B, generator=g), "terminated": torch.rand(T, B, generator=g) < 0.1,
+             "done": torch.rand(T, B, generator=g) < 0.2, "valid": torch.rand(T, B, generator=g) < 0.8}
+    learner, ref = (IMPALALearner(LearnerSetup(job, info, torch.device("cpu"))) for _ in range(2))
+    ref.model.load_state_dict(learner.model.state_dict())
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    learner.update(batch)
+    algo = job.algorithm
+    head, values = ref.model(batch["obs"].reshape((T + 1) * B, -1))
+    head, values = head.reshape(T + 1, B, -1), values.reshape(T + 1, B)
+    logp, entropy = ref.model.log_prob_entropy(head[:T].reshape(T * B, -1), batch["action"].reshape(T * B, -1))
+    logp, entropy = logp.reshape(T, B), entropy.reshape(T, B)
+    with torch.no_grad():
+        vs, pg_adv = vtrace(batch["logp"], logp.detach(), batch["reward"] * algo.reward_scale, values.detach(),
+                            batch["terminated"], batch["done"], batch["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
+    loss, _ = impala_loss(logp, entropy, values[:T], vs, pg_adv, batch["valid"].float(), algo.vf_coef, algo.ent_coef)
+    ref._step(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+    for a, b in zip(learner.model.parameters(), ref.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -50,10 +50,14 @@ class RolloutCore(LearnerCore):
         optimizer_step(self.opt)
 
     def _forward_all(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Heads and values of [T+1, B, ...] observations, through DDP: ([T+1, B, A], [T+1, B])."""
+        """Heads [T, B, A] of the first T rows of [T+1, B, ...] observations and values [T+1, B]: the T rows through
+        DDP, the bootstrap row's values without grad (no loss reads its head or a gradient of its value, so its
+        backward would be a 1/T share of the update's work for nothing)."""
         rows, b = obs.shape[:2]
-        head, value = self.train_model(obs.reshape(rows * b, *obs.shape[2:]))
-        return head.reshape(rows, b, -1), value.reshape(rows, b)
+        head, value = self.train_model(obs[:-1].reshape((rows - 1) * b, *obs.shape[2:]))
+        with torch.no_grad():
+            bootstrap = self.model.value(obs[-1])
+        return head.reshape(rows - 1, b, -1), torch.cat([value.reshape(rows - 1, b), bootstrap[None]])
 
     def update(self, batch: dict) -> UpdateResult:
         """Train on one batch of rollouts (one new version)."""
@@ -139,7 +143,7 @@ class APPOLearner(PPOLearner):
         rewards = r["reward"] * algo.reward_scale
         T, B = rewards.shape
         head, values = self._forward_all(r["obs"])
-        logp, entropy = self.model.log_prob_entropy(head[:T].reshape(T * B, -1), r["action"].reshape(T * B, -1))
+        logp, entropy = self.model.log_prob_entropy(head.reshape(T * B, -1), r["action"].reshape(T * B, -1))
         keep = r["valid"].reshape(-1).nonzero().squeeze(1)
         if len(keep) == 0:  # nothing to learn here, but peers wait for this step's all-reduce: a zero loss
             self._step((head.sum() + values.sum()) * 0.0)
@@ -163,7 +167,7 @@ class APPOLearner(PPOLearner):
             return super()._advantages(r, rewards)
         T, B = rewards.shape
         head, values = self._forward_all(r["obs"])
-        logp_now, _ = self.model.log_prob_entropy(head[:T].reshape(T * B, -1), r["action"].reshape(T * B, -1))
+        logp_now, _ = self.model.log_prob_entropy(head.reshape(T * B, -1), r["action"].reshape(T * B, -1))
         returns, adv = vtrace(r["logp"], logp_now.reshape(T, B), rewards, values, r["terminated"], r["done"],
                               r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
         return adv, returns, values[:T]
@@ -184,7 +188,7 @@ class IMPALALearner(RolloutCore):
         rewards = r["reward"] * algo.reward_scale
         T, B = rewards.shape
         head, values = self._forward_all(r["obs"])
-        logp, entropy = self.model.log_prob_entropy(head[:T].reshape(T * B, -1), r["action"].reshape(T * B, -1))
+        logp, entropy = self.model.log_prob_entropy(head.reshape(T * B, -1), r["action"].reshape(T * B, -1))
         logp, entropy = logp.reshape(T, B), entropy.reshape(T, B)
         with torch.no_grad():
             vs, pg_adv = vtrace(r["logp"], logp.detach(), rewards, values.detach(), r["terminated"], r["done"],
