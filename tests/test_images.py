@@ -120,3 +120,16 @@ def test_short_pong_apex_run_stores_each_frame_once(tmp_path):
     log = (run_dir / "logs" / "replay-0.log").read_text()
     kb = float(re.search(r"frames of 4-frame stacks kept once: ([\d.]+) KB per transition", log).group(1))
     assert kb < 8.0, log
+
+
+def test_rollout_socket_buffers_scale_with_the_rollout():
+    """Kernel buffers of rollout sockets: a sixteenth of a rollout, so a Pong rollout moves in large reads (4 KB ones
+    woke the learner's I/O thread 4,800 times a second on the learner's core), while CartPole's stay at 4 KB and
+    hold a fraction of one rollout (the bound on async policy lag)."""
+    from rlctl.envs import probe_space_info
+    from rlctl.roles.learner_data import rollout_buffer_bytes
+
+    pong, cartpole = load_job(REPO / "jobs" / "appo-pong.toml"), load_job(REPO / "jobs" / "appo.toml")
+    big = rollout_buffer_bytes(pong, probe_space_info(pong.env))
+    assert 256 << 10 <= big <= 4 << 20  # a 33 x 16 x 4 x 84 x 84 rollout: 930 KB
+    assert rollout_buffer_bytes(cartpole, probe_space_info(cartpole.env)) == 4096

@@ -23,7 +23,7 @@ from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import env_space_info, make_vec_env
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
-from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER
+from rlctl.roles.learner_data import rollout_buffer_bytes
 from rlctl.weights import WeightSubscriber
 
 
@@ -70,7 +70,7 @@ def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str, info,
         return ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind,
                                 wire.experience_buffer_bytes(info.obs_bytes))
     ranks = rc.endpoints["rollouts"]
-    return ExperienceSender(net, ranks[collector % len(ranks)], rc.name, kind, ROLLOUT_SOCKET_BUFFER)
+    return ExperienceSender(net, ranks[collector % len(ranks)], rc.name, kind, rollout_buffer_bytes(rc.job, info))
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:

@@ -35,7 +35,7 @@ from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.roles.collector import ExperienceSender
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.roles.learner_data import ROLLOUT_SOCKET_BUFFER, collector_index
+from rlctl.roles.learner_data import collector_index, rollout_buffer_bytes
 from rlctl.weights import WeightSubscriber
 
 ACTIVE_S = 1.0  # a collector heard from within this long is one a batch waits for (up to the deadline)
@@ -134,7 +134,7 @@ class InferenceServer:
             self.senders = [ExperienceSender(self.net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind,
                                              wire.experience_buffer_bytes(self.info.obs_bytes))]
         else:
-            self.senders = [ExperienceSender(self.net, ep, rc.name, kind, ROLLOUT_SOCKET_BUFFER)
+            self.senders = [ExperienceSender(self.net, ep, rc.name, kind, rollout_buffer_bytes(job, self.info))
                             for ep in rc.endpoints["rollouts"]]
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)

@@ -28,7 +28,17 @@ from rlctl.envs import SpaceInfo
 from rlctl.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
 
 RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which sample requests are sent again
-ROLLOUT_SOCKET_BUFFER = 4096  # about one rollout in flight per collector and side: the bound on async policy lag
+
+
+def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
+    """Kernel buffer bytes of rollout sockets (collector or inference server PUSH, learner PULL): a sixteenth of one
+    rollout, within [4 KB, 4 MB]. Far less than a rollout on each side keeps the queues, and so the async policy
+    lag, bounded by the sockets' HWMs; a fixed 4 KB cut a 4 MB Pong rollout into a thousand reads, each waking the
+    learner's I/O thread on the learner's core (3,300 preemptions of the learner a second)."""
+    n_envs = job.env.envs_per_collector
+    layout = job.algo.load("actor").layout(job.algorithm.rollout_len, info)
+    whole = sum(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
+    return min(max(whole // 16, wire.SOCKET_BUFFER_MIN), wire.SOCKET_BUFFER_MAX)
 
 
 class SampleStream:
@@ -154,12 +164,12 @@ class RolloutInbox:
     """This rank's PULL socket: rollouts that pass the job's RolloutCheck; malformed ones dropped and counted."""
 
     def __init__(self, net: wire.SecureContext, endpoint: str, layout: dict, n_envs: int, n_actions: int,
-                 frame_stack: int = 0):
+                 frame_stack: int = 0, rcvbuf: int = wire.SOCKET_BUFFER_MIN):
         # Small queues: what the learner has not taken yet pushes back on the collectors (bounding policy lag)
         # instead of piling up in socket buffers. rcvhwm=1 would never deliver a multipart message; 2 does. No frame
         # larger than a rollout's biggest field is received at all.
         frame = max(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
-        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=ROLLOUT_SOCKET_BUFFER,
+        self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=rcvbuf,
                                maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
         self.valid = RolloutCheck(layout, n_actions, frame_stack)
         self.dropped = 0
@@ -213,7 +223,7 @@ class RolloutSource:
         algo = job.algorithm
         self.frame_stack = frame_stack_depth(job, info)
         self.inbox = RolloutInbox(net, endpoint, layout(algo.rollout_len, info), job.env.envs_per_collector,
-                                  info.n_actions, self.frame_stack)
+                                  info.n_actions, self.frame_stack, rollout_buffer_bytes(job, info))
         self.sock = self.inbox.sock
         self.device = device
         self.synchronous = job.algo.synchronous
