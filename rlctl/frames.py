@@ -98,7 +98,8 @@ def parse_rollout_frames(frames, start, rows: int, n_envs: int, obs_shape: tuple
     with S <= K <= rows * n_envs * S, and [rows, n_envs] int32 starts that each leave a whole stack within them."""
     s = int(obs_shape[0])
     return (isinstance(frames, np.ndarray) and isinstance(start, np.ndarray) and frames.dtype == np.uint8
-            and frames.ndim == len(obs_shape) and frames.shape[1:] == tuple(obs_shape[1:]) and s <= len(frames) <= rows * n_envs * s
+            and frames.ndim == len(obs_shape) and frames.shape[1:] == tuple(obs_shape[1:])
+            and s <= len(frames) <= rows * n_envs * s
             and start.dtype == np.int32 and start.shape == (rows, n_envs)
             and int(start.min()) >= 0 and int(start.max()) <= len(frames) - s)
 
