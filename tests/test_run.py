@@ -191,9 +191,21 @@ def _thread_cores(pid: int) -> dict[str, set[int]]:
     return out
 
 
+def _thread_policies(pid: int) -> set[int]:
+    """The scheduling policies of a process's threads."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add(os.sched_getscheduler(int(tid)))
+        except OSError:  # a thread that just ended
+            pass
+    return out
+
+
 def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(tmp_path):
     """`topology.learner_cores = "dedicated"`: every thread of the learner rank (ZeroMQ's I/O threads too) on a core
-    of its own; the collectors and the evaluator on the cores left."""
+    of its own; the collectors and the evaluator on the cores left. Collectors run every thread under SCHED_BATCH
+    (their wake-ups never preempt), the learner and the evaluator under the normal policy."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("dedicating a core needs two")
@@ -216,6 +228,10 @@ def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(
         assert "ZMQbg/IO/0" in threads and all(c == own for c in threads.values()), threads
         for name in ("collector-0", "collector-1", "evaluator-0"):
             assert all(c == rest for c in _thread_cores(rows[name]["pid"]).values()), name
+        for name in ("collector-0", "collector-1"):
+            assert _thread_policies(rows[name]["pid"]) == {os.SCHED_BATCH}, name
+            assert ", SCHED_BATCH" in (run_dir / "logs" / f"{name}.log").read_text()
+        assert _thread_policies(worker) == _thread_policies(rows["evaluator-0"]["pid"]) == {os.SCHED_OTHER}
         log = (run_dir / "logs" / "learner-0.log").read_text()
         assert f"pinned to CPU cores {cpus[0]}" in log, log
     finally:

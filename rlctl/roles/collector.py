@@ -21,7 +21,7 @@ from rlctl import wire
 from rlctl.algos import REPLAY, build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import env_space_info, make_vec_env
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, schedule_as_batch, set_torch_threads
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
 from rlctl.roles.learner_data import rollout_buffer_bytes
 from rlctl.weights import WeightSubscriber
@@ -75,6 +75,7 @@ def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str, info,
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """Build the env, policy, actor core and sockets, then step until stopped."""
+    batch = schedule_as_batch()  # before any thread (ZeroMQ's, torch's) exists: they inherit it
     set_torch_threads()
     torch.manual_seed(rc.seed)
     net = wire.SecureContext(rc.keys)
@@ -88,7 +89,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     sender = experience_sender(rc, net, actor.kind, info, rc.rank)
     print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
           f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
-          f"pid {os.getpid()} {actor.describe()}", flush=True)
+          f"pid {os.getpid()}{', SCHED_BATCH' if batch else ''} {actor.describe()}", flush=True)
     try:
         with torch.no_grad():
             report = CollectorReport(control, EpisodeTracker(env.num_envs), lambda: {
