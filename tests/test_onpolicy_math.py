@@ -178,6 +178,17 @@ def test_actor_critic_initialisation_repeats_with_the_seed():
     assert len(digests) == 1
 
 
+def _random_rollouts(info, T: int, B: int, seed: int) -> tuple[dict, torch.Generator]:
+    """A random [T(+1), B] rollout batch of two-action CartPole shape, without `valid`, and its generator (to draw
+    that next)."""
+    g = torch.Generator().manual_seed(seed)
+    batch = {"obs": torch.randn(T + 1, B, *info.obs_shape, generator=g), "value": torch.randn(T + 1, B, generator=g),
+             "action": torch.randint(0, 2, (T, B), generator=g), "logp": -torch.rand(T, B, generator=g) - 0.3,
+             "reward": torch.randn(T, B, generator=g), "terminated": torch.rand(T, B, generator=g) < 0.1,
+             "done": torch.rand(T, B, generator=g) < 0.2}
+    return batch, g
+
+
 @pytest.mark.parametrize("valid_rows", ["all", "some", "none"])
 def test_appo_one_pass_update_equals_the_two_pass_one(valid_rows):
     # epochs = minibatches = 1 with V-trace: targets from the training forward itself, one pass fewer; the step it
@@ -191,14 +202,10 @@ def test_appo_one_pass_update_equals_the_two_pass_one(valid_rows):
                         "algorithm": {"name": "appo", "rollout_len": 8, "vtrace": True, "epochs": 1,
                                       "minibatches": 1, "value_clip": 0.2}})
     info = probe_space_info(job.env)
-    g = torch.Generator().manual_seed(5)
     T, B = 8, 4
-    batch = {"obs": torch.randn(T + 1, B, *info.obs_shape, generator=g), "value": torch.randn(T + 1, B, generator=g),
-             "action": torch.randint(0, 2, (T, B), generator=g), "logp": -torch.rand(T, B, generator=g) - 0.3,
-             "reward": torch.randn(T, B, generator=g), "terminated": torch.rand(T, B, generator=g) < 0.1,
-             "done": torch.rand(T, B, generator=g) < 0.2,
-             "valid": {"all": torch.ones(T, B, dtype=torch.bool), "none": torch.zeros(T, B, dtype=torch.bool),
-                       "some": torch.rand(T, B, generator=g) < 0.7}[valid_rows]}
+    batch, g = _random_rollouts(info, T, B, seed=5)
+    batch["valid"] = {"all": torch.ones(T, B, dtype=torch.bool), "none": torch.zeros(T, B, dtype=torch.bool),
+                      "some": torch.rand(T, B, generator=g) < 0.7}[valid_rows]
     one, two = (APPOLearner(LearnerSetup(job, info, torch.device("cpu"))) for _ in range(2))
     two.model.load_state_dict(one.model.state_dict())
     before = [p.detach().clone() for p in one.model.parameters()]
@@ -225,12 +232,9 @@ def test_impala_step_with_the_bootstrap_row_outside_autograd_equals_the_step_thr
     job = validate_job({"job": {"name": "t", "seed": 4}, "env": {"id": "CartPole-v1", "envs_per_collector": 4},
                         "algorithm": {"name": "impala", "rollout_len": 8, "optimizer": "adam"}})
     info = probe_space_info(job.env)
-    g = torch.Generator().manual_seed(6)
     T, B = 8, 4
-    batch = {"obs": torch.randn(T + 1, B, *info.obs_shape, generator=g), "value": torch.randn(T + 1, B, generator=g),
-             "action": torch.randint(0, 2, (T, B), generator=g), "logp": -torch.rand(T, B, generator=g) - 0.3,
-             "reward": torch.randn(T, B, generator=g), "terminated": torch.rand(T, B, generator=g) < 0.1,
-             "done": torch.rand(T, B, generator=g) < 0.2, "valid": torch.rand(T, B, generator=g) < 0.8}
+    batch, g = _random_rollouts(info, T, B, seed=6)
+    batch["valid"] = torch.rand(T, B, generator=g) < 0.8
     learner, ref = (IMPALALearner(LearnerSetup(job, info, torch.device("cpu"))) for _ in range(2))
     ref.model.load_state_dict(learner.model.state_dict())
     before = [p.detach().clone() for p in learner.model.parameters()]

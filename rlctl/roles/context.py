@@ -188,6 +188,15 @@ def set_torch_threads() -> int:
     return n
 
 
+def each_thread(apply) -> None:
+    """Call apply(tid) for every thread of this process (one that ends meanwhile is skipped)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            apply(int(tid))
+        except OSError:  # a thread that just ended
+            pass
+
+
 def pin_cores() -> list[int] | None:
     """Pin every thread of this process to the cores the plan's RLCTL_LEARNER_CORES gives its role (threads made
     later inherit them); returns them, or None where nothing is pinned."""
@@ -201,11 +210,7 @@ def pin_cores() -> list[int] | None:
                         int(local_rank) if local_rank.isdigit() else 0, usable_cpu_ids())
     if not sets:
         return None
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), sets[0])
-        except OSError:  # a thread that just ended
-            pass
+    each_thread(lambda tid: os.sched_setaffinity(tid, sets[0]))
     return sets[0]
 
 
@@ -217,11 +222,7 @@ def schedule_as_batch() -> bool:
     the platform has no such policy."""
     if not hasattr(os, "SCHED_BATCH"):
         return False
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
-        except OSError:  # a thread that just ended
-            pass
+    each_thread(lambda tid: os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0)))
     return True
 
 
