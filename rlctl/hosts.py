@@ -13,10 +13,12 @@ import json
 import shlex
 import subprocess
 import tarfile
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from rlctl.remote import PULL_MANIFEST
 from rlctl.spec import HostSpec
 
 # Never placed on a command line: these reach remote processes through the SSH session's stdin.
@@ -25,6 +27,8 @@ SECRET_ENV = frozenset({"RLCTL_CURVE_KEYS"})
 SSH_OPTIONS = {"BatchMode": "yes", "ConnectTimeout": "10", "ServerAliveInterval": "5", "ServerAliveCountMax": "3"}
 # Replaced by the start count when a process is (re)started: each session forwards its own control socket.
 ATTEMPT = "{attempt}"
+PULL_ATTEMPTS = 3  # tries to fetch a host's checkpoints at the end of a run
+PULL_RETRY_S = 1.0  # the wait before the second try (twice that before the third)
 
 
 def private_dir(token: str) -> str:
@@ -200,22 +204,55 @@ def sweep_hosts(hosts: list[HostSpec], run_id: str, kill: bool = True) -> dict[s
     return out
 
 
-def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path) -> dict[str, list[str] | str]:
-    """Copy the files of `remote_dir` (relative to each host's workdir) into `local_dir`; host -> names or error."""
+def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path,
+                   attempts: int = PULL_ATTEMPTS) -> dict[str, list[str] | str]:
+    """Copy the files of `remote_dir` (relative to each host's workdir) into `local_dir`; host -> names or error.
+    A host whose transfer failed or came incomplete is asked again, up to `attempts` times in all (a Slurm step
+    can fail to start while the allocation changes; an SSH connection can drop)."""
     out: dict[str, list[str] | str] = {}
-    for name, proc in on_hosts(hosts, ["pull", remote_dir], timeout=120).items():
-        if proc.returncode != 0:
-            out[name] = ssh_failure(proc)
-            continue
-        names = []
-        with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
-            for member in tar:
-                # Plain files with plain names only: nothing a tar stream says may land outside local_dir.
-                if member.isfile() and "/" not in member.name and not member.name.startswith("."):
-                    data = tar.extractfile(member).read()
-                    tmp = local_dir / f".{member.name}.pull"
-                    tmp.write_bytes(data)
-                    tmp.replace(local_dir / member.name)
-                    names.append(member.name)
-        out[name] = names
+    left = list(hosts)
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(PULL_RETRY_S * attempt)
+        for name, proc in on_hosts(left, ["pull", remote_dir], timeout=120).items():
+            try:
+                out[name] = unpack_pulled(proc.stdout, local_dir) if proc.returncode == 0 else ssh_failure(proc)
+            except PullError as exc:
+                out[name] = str(exc)
+        left = [h for h in left if isinstance(out[h.name], str)]
+        if not left:
+            break
     return out
+
+
+class PullError(Exception):
+    """A `pull` stream that is not a complete, well-formed copy of the remote folder."""
+
+
+def unpack_pulled(data: bytes, local_dir: Path) -> list[str]:
+    """Write the files of a `python -m rlctl.remote pull` stream into `local_dir`; their names. Plain files with
+    plain names only (nothing a stream says may land outside local_dir); every file its manifest lists must
+    arrive whole, or nothing is written."""
+    files: dict[str, bytes] = {}
+    manifest = None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                if member.name == PULL_MANIFEST and manifest is None and member.isfile():
+                    manifest = json.loads(tar.extractfile(member).read())
+                elif member.isfile() and "/" not in member.name and not member.name.startswith("."):
+                    files[member.name] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        raise PullError(f"unreadable transfer: {exc}") from None
+    expected = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(expected, dict):
+        raise PullError("transfer without its manifest")
+    got = {name: len(content) for name, content in files.items()}
+    if got != expected:
+        wrong = sorted(str(n) for n in set(expected) | set(got) if expected.get(n) != got.get(n))
+        raise PullError(f"incomplete transfer ({', '.join(wrong)})")
+    for name, content in files.items():
+        tmp = local_dir / f".{name}.pull"
+        tmp.write_bytes(content)
+        tmp.replace(local_dir / name)
+    return sorted(files)

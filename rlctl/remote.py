@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib.util
+import io
 import json
 import os
 import select
@@ -259,13 +260,30 @@ def command_sweep(run_id: str, kill: bool) -> int:
     return 0
 
 
+# The first member of every `pull` stream: each file's name and size, so the receiver can tell a complete
+# transfer from one that lost its tail on the way (a tar reader stops quietly at a broken header).
+PULL_MANIFEST = ".manifest.json"
+
+
 def command_pull(directory: str) -> int:
-    """Stream the regular files directly in `directory` to stdout as an uncompressed tar."""
+    """Stream the regular files directly in `directory` to stdout as an uncompressed tar, a manifest first."""
     root = Path(directory)
+    files = [p for p in (sorted(root.iterdir()) if root.is_dir() else []) if p.is_file() and not p.name.startswith(".")]
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
-        for path in sorted(root.iterdir()) if root.is_dir() else []:
-            if path.is_file() and not path.name.startswith("."):
-                tar.add(str(path), arcname=path.name)
+        opened = [(p, open(p, "rb")) for p in files]  # open first: a file replaced meanwhile keeps these bytes
+        try:
+            sizes = {p.name: os.fstat(f.fileno()).st_size for p, f in opened}
+            manifest = json.dumps({"files": sizes}).encode()
+            info = tarfile.TarInfo(PULL_MANIFEST)
+            info.size = len(manifest)
+            tar.addfile(info, io.BytesIO(manifest))
+            for p, f in opened:
+                info = tarfile.TarInfo(p.name)
+                info.size, info.mtime, info.mode = sizes[p.name], int(p.stat().st_mtime), 0o600
+                tar.addfile(info, f)
+        finally:
+            for _, f in opened:
+                f.close()
     sys.stdout.buffer.flush()
     return 0
 

@@ -755,6 +755,10 @@ class Supervisor:
         writers = {p.host for p in self.plan.processes if p.remote and p.role in CHECKPOINT_ROLES}
         fetched = pull_directory([h for h in self.remote_hosts if h.name in writers],
                                  remote_checkpoint_dir(self.plan.run_id), self.rundir.checkpoints_dir)
+        for name, files in fetched.items():
+            if isinstance(files, str):  # the files stay on the host: say where, they are the run's to keep
+                print(f"rlctl: could not fetch checkpoints from host {name}: {files}; they remain there in "
+                      f"{remote_checkpoint_dir(self.plan.run_id)} under its working directory", file=sys.stderr)
         for name, result in sweep_hosts(self.remote_hosts, self.plan.run_id, kill=True).items():
             self.remote_cleanup[name] = {**result, **({"checkpoints": fetched[name]} if name in fetched else {})}
 

@@ -164,7 +164,8 @@ def test_apex_solves_in_a_3_node_allocation_keys_stay_hidden_and_a_downed_node_m
     assert next(r for r in state["host_rows"] if r["name"] == "h3")["state"] == "lost"
     status = run_cli(["status", run_dir.name, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
     assert re.search(r"h3\s+slurm\s+lost", status), status
-    assert (run_dir / "checkpoints" / "latest.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+    assert (run_dir / "checkpoints" / "latest.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file(), (
+        [(r["name"], r["cleanup"]) for r in state["host_rows"]], err[-3000:])
     wait_until_no_rlctl_process(lab)
 
 
