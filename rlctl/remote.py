@@ -272,14 +272,14 @@ def command_pull(directory: str) -> int:
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
         opened = [(p, open(p, "rb")) for p in files]  # open first: a file replaced meanwhile keeps these bytes
         try:
-            sizes = {p.name: os.fstat(f.fileno()).st_size for p, f in opened}
-            manifest = json.dumps({"files": sizes}).encode()
+            stats = [os.fstat(f.fileno()) for _, f in opened]
+            manifest = json.dumps({"files": {p.name: st.st_size for (p, _), st in zip(opened, stats)}}).encode()
             info = tarfile.TarInfo(PULL_MANIFEST)
             info.size = len(manifest)
             tar.addfile(info, io.BytesIO(manifest))
-            for p, f in opened:
+            for (p, f), st in zip(opened, stats):
                 info = tarfile.TarInfo(p.name)
-                info.size, info.mtime, info.mode = sizes[p.name], int(p.stat().st_mtime), 0o600
+                info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o600
                 tar.addfile(info, f)
         finally:
             for _, f in opened:
