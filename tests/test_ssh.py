@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from rlctl import wire
+from rlctl.hosts import pull_directory
+from rlctl.remote import remote_checkpoint_dir
+from rlctl.spec import load_job
 from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
 from hostlab import HostLab
 
@@ -433,3 +436,30 @@ def test_busy_port_on_a_host_fails_the_check_naming_host_and_port(lab, tmp_path)
     finally:
         proc.kill()
         lab.run(lab.hosts[0], "pkill -f rlctl-port-squatter || true")
+
+
+def test_checkpoints_come_home_after_a_failed_fetch_and_a_host_that_never_answers_is_named(lab, tmp_path):
+    # The host's python fails its first call (as a dropped connection or a Slurm step that could not start does):
+    # the fetch asks again and the checkpoints arrive whole. One that always fails is given up after three tries.
+    workdir = tmp_path / "host1"
+    remote = workdir / remote_checkpoint_dir("run-x")
+    remote.mkdir(parents=True)
+    (remote / "latest.pt").write_bytes(os.urandom(200_000))
+    calls = tmp_path / "calls"
+    flaky = tmp_path / "flaky-python"
+    flaky.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -gt {{fail}} ] || '
+                     f'{{ echo "connection reset" >&2; exit 255; }}\nexec {sys.executable} "$@"\n')
+    for fail, expect in ((1, ["latest.pt"]), (99, "connection reset")):
+        calls.unlink(missing_ok=True)
+        script = flaky.with_name(f"flaky-{fail}")
+        script.write_text(flaky.read_text().replace("{fail}", str(fail)))
+        script.chmod(0o755)
+        job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}})
+        job.write_text(job.read_text().replace(f"python = {json.dumps(sys.executable)}", f'python = "{script}"'))
+        host = load_job(job).hosts[0]
+        home = tmp_path / f"home-{fail}"
+        home.mkdir()
+        assert pull_directory([host], remote_checkpoint_dir("run-x"), home) == {host.name: expect}
+        assert len(calls.read_text().split()) == (2 if fail == 1 else 3)
+        assert sorted(p.name for p in home.iterdir()) == ([] if fail == 99 else ["latest.pt"])
+    assert (home.parent / "home-1" / "latest.pt").read_bytes() == (remote / "latest.pt").read_bytes()
