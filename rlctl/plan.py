@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
 from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
-from rlctl.spec import SECRET_MASK, HostSpec, JobSpec
+from rlctl.spec import AUTO_PORTS, SECRET_MASK, HostSpec, JobSpec
 
 ROLE_MODULES = {
     "learner": "rlctl.roles.learner",
@@ -90,22 +90,30 @@ def ports_needed(spec: JobSpec) -> int:
     return spec.port_count
 
 
+def auto_bases(spec: JobSpec) -> range:
+    """The bases `network.base_port = 0` may pick: every 16th port from which the job's range fits in AUTO_PORTS."""
+    low, high = AUTO_PORTS
+    return range(low, high - ports_needed(spec) + 1, 16)
+
+
 def default_base_port(spec: JobSpec) -> int:
     """A per-job default port, stable for the same job name (so plans are reproducible)."""
-    return 20000 + (zlib.crc32(spec.job.name.encode()) % 2000) * 16
+    bases = auto_bases(spec)
+    return bases[zlib.crc32(spec.job.name.encode()) % len(bases)]
 
 
 def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
     """The job's base port: the configured one, else the first range that is free now, from the per-job default."""
     if spec.network.base_port:
         return spec.network.base_port
-    need = ports_needed(spec)
-    start = default_base_port(spec)
-    for offset in range(0, 20000, 16):
-        base = 20000 + (start - 20000 + offset) % 32000
-        if all(port_free(host, base + i) for i in range(need)):
+    need, bases = ports_needed(spec), auto_bases(spec)
+    first = bases.index(default_base_port(spec))
+    for i in range(len(bases)):
+        base = bases[(first + i) % len(bases)]
+        if all(port_free(host, base + k) for k in range(need)):
             return base
-    raise RuntimeError("no free port range found")
+    raise RuntimeError(f"no free range of {need} ports within {AUTO_PORTS[0]}-{AUTO_PORTS[1] - 1}; set "
+                       "network.base_port")
 
 
 def placement(spec: JobSpec) -> list[HostSpec]:

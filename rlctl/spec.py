@@ -29,8 +29,10 @@ LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 # equal) so that loading a job imports nothing heavy. A larger algorithm.batch_size would have every request dropped.
 REPLAY_MAX_SAMPLE = 1 << 16
 MAX_PORT = 65535
-# With network.base_port = 0, rlctl.plan.choose_base_port tries bases from 20000 up to this one (in steps of 16).
-AUTO_BASE_PORT_MAX = 20000 + 31984
+# With network.base_port = 0, rlctl.plan.choose_base_port picks a range within these ports, in steps of 16. It ends
+# where Linux's ephemeral ports begin (ip_local_port_range): any outgoing connection may hold one of those for a
+# moment, and a Slurm test run failed its port check on one.
+AUTO_PORTS = (20000, 32768)
 ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 ENV_VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What an SSH destination or an address must not hold: ssh reads a leading `-` as an option, and these would mean
@@ -318,7 +320,7 @@ class NetworkSpec(Section):
 
     base_port: Annotated[int, Field(ge=0, le=65000)] = 0
     """First port of the job's contiguous range (which must end by 65535); 0 = the first free range from a per-job
-    default."""
+    default, within ports 20000-32767 (below Linux's ephemeral ports)."""
     session_timeout_s: Annotated[float, Field(ge=1.0, le=86400.0)] = 30.0
     """A remote process whose SSH session brings nothing from the supervisor for this long (a network partition, a
     frozen supervisor) stops itself, rather than run on unsupervised; the supervisor pings every third of it."""
@@ -551,9 +553,9 @@ class JobSpec(Section):
         if base and base > top:
             raise ValueError(f"network.base_port: the job's {need} ports from {base} run past {MAX_PORT} (to "
                              f"{base + need - 1}); {fix}")
-        if not base and AUTO_BASE_PORT_MAX > top:
-            raise ValueError(f"network.base_port: 0 picks a range starting as high as {AUTO_BASE_PORT_MAX}, too high "
-                             f"for the job's {need} ports; {fix}")
+        if not base and need > AUTO_PORTS[1] - AUTO_PORTS[0]:
+            raise ValueError(f"network.base_port: 0 picks a range within ports {AUTO_PORTS[0]}-{AUTO_PORTS[1] - 1}, "
+                             f"too few for the job's {need} ports; set network.base_port")
         return self
 
     @property

@@ -213,8 +213,8 @@ BAD_CASES = {
     "ports-past-65535-by-learner-ranks": (MINIMAL.replace('"apex"', '"ppo"') +
                                           "[topology]\nlearner_procs = 600\ncollectors = 600\n"
                                           "[network]\nbase_port = 65000\n", "network.base_port", "run past 65535"),
-    "ports-past-65535-from-automatic-base": (MINIMAL + "[topology]\nreplay_shards = 7000\n", "network.base_port",
-                                             "too high for the job's 14004 ports"),
+    "too-many-ports-for-an-automatic-base": (MINIMAL + "[topology]\nreplay_shards = 7000\n", "network.base_port",
+                                             "ports 20000-32767, too few for the job's 14004 ports"),
     "on-policy-host-replay-shards": (MINIMAL.replace('"apex"', '"ppo"') + '[[hosts]]\nname = "a"\nlearner = true\n'
                                      'collectors = 2\n[[hosts]]\nname = "b"\nreplay_shards = 1\n',
                                      "hosts[1].replay_shards", "ppo learns from rollouts, not replay"),
