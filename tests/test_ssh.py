@@ -446,13 +446,11 @@ def test_checkpoints_come_home_after_a_failed_fetch_and_a_host_that_never_answer
     remote.mkdir(parents=True)
     (remote / "latest.pt").write_bytes(os.urandom(200_000))
     calls = tmp_path / "calls"
-    flaky = tmp_path / "flaky-python"
-    flaky.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -gt {{fail}} ] || '
-                     f'{{ echo "connection reset" >&2; exit 255; }}\nexec {sys.executable} "$@"\n')
     for fail, expect in ((1, ["latest.pt"]), (99, "connection reset")):
         calls.unlink(missing_ok=True)
-        script = flaky.with_name(f"flaky-{fail}")
-        script.write_text(flaky.read_text().replace("{fail}", str(fail)))
+        script = tmp_path / f"python-failing-{fail}-calls"  # a line in `calls` per call; the first `fail` fail
+        script.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -gt {fail} ] || '
+                          f'{{ echo "connection reset" >&2; exit 255; }}\nexec {sys.executable} "$@"\n')
         script.chmod(0o755)
         job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}})
         job.write_text(job.read_text().replace(f"python = {json.dumps(sys.executable)}", f'python = "{script}"'))
