@@ -20,6 +20,11 @@ def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
+def as_float(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`x` in `dtype`; booleans (MinAtar's grids) through a uint8 view, 4x faster than converting bools on the CPU."""
+    return (x.view(torch.uint8) if x.dtype == torch.bool else x).to(dtype)
+
+
 def mlp_forward(trunk: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """trunk(x) for an `mlp` trunk, calling the functions directly.
 
@@ -78,7 +83,7 @@ class QNetwork(nn.Module):
             features = self.conv(obs)
         else:
             param_dtype = next(self.parameters()).dtype
-            features = mlp_forward(self.trunk, obs.reshape(obs.shape[0], -1).to(param_dtype))
+            features = mlp_forward(self.trunk, as_float(obs.reshape(obs.shape[0], -1), param_dtype))
         if not self.dueling:
             return linear(self.head, features)
         value = linear(self.value_head, features)
@@ -126,7 +131,7 @@ class ConvEncoder(nn.Module):
         # Channels-last (NHWC) memory either way: the CPU's convolutions run it about 1.3x faster than NCHW. HWC
         # frames are that already once permuted; CHW ones (stacked frames) are laid out so while still uint8.
         x = obs.permute(0, 3, 1, 2) if self.channels_last else obs.contiguous(memory_format=torch.channels_last)
-        x = x.float()  # keeps the layout
+        x = as_float(x)  # keeps the layout
         if obs.dtype == torch.uint8:
             x = x / 255.0
         return self.fc(self.conv(x))
@@ -141,7 +146,7 @@ class FlatMLP(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """[B, *obs_shape] -> [B, out_dim]."""
-        return mlp_forward(self.trunk, obs.reshape(obs.shape[0], -1).float())
+        return mlp_forward(self.trunk, as_float(obs.reshape(obs.shape[0], -1)))
 
 
 _LOG_2PI = math.log(2 * math.pi)

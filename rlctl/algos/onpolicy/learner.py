@@ -8,7 +8,7 @@ from rlctl import metric_names as M
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
-from rlctl.models import ActorCritic
+from rlctl.models import ActorCritic, as_float
 from rlctl.optim import build_optimizer, optimizer_step
 
 
@@ -99,7 +99,7 @@ class PPOLearner(RolloutCore):
         with torch.no_grad():
             adv, returns, old_values = self._advantages(r, rewards)
         keep = r["valid"].reshape(-1).nonzero().squeeze(1)
-        flat = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:])[keep],
+        flat = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:]).index_select(0, keep),
                 "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
                 "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
         n = len(keep)
@@ -108,18 +108,24 @@ class PPOLearner(RolloutCore):
         for epoch in range(algo.epochs):
             last_epoch = epoch == algo.epochs - 1  # statistics are of the last pass (as CleanRL reports them)
             perm = torch.randperm(n, generator=self.generator).to(self.device)
+            # One row gather per field and epoch, then contiguous minibatch views: index_select of bool rows is 15x
+            # faster than of float ones, hence observations stay as sent until a minibatch's forward.
+            shuffled = {k: v.index_select(0, perm) for k, v in flat.items()}
             # tensor_split always gives `minibatches` parts, so every rank takes the same number of DDP steps.
-            for idx in perm.tensor_split(algo.minibatches):
-                if len(idx) == 0:
+            for mb in zip(*(v.tensor_split(algo.minibatches) for v in shuffled.values())):
+                mb = dict(zip(shuffled, mb))
+                if len(mb["adv"]) == 0:
                     # Nothing here on this rank, but its peers wait for this step's all-reduce: a zero loss.
                     self._step(sum(p.sum() * 0.0 for p in self.model.parameters()))
                     continue
-                head, value = self.train_model(flat["obs"][idx])
-                logp, entropy = self.model.log_prob_entropy(head, flat["action"][idx])
-                adv_mb = flat["adv"][idx]
-                if algo.norm_adv and len(idx) > 1:
+                # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
+                obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
+                head, value = self.train_model(obs)
+                logp, entropy = self.model.log_prob_entropy(head, mb["action"])
+                adv_mb = mb["adv"]
+                if algo.norm_adv and len(adv_mb) > 1:
                     adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
-                loss, stats = ppo_loss(logp, flat["logp"][idx], adv_mb, value, flat["v"][idx], flat["ret"][idx],
+                loss, stats = ppo_loss(logp, mb["logp"], adv_mb, value, mb["v"], mb["ret"],
                                        entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef,
                                        diagnostics=last_epoch)
                 self._step(loss)
