@@ -111,9 +111,15 @@ def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ..
 
     `edit` changes the job text further; `tb_max` names TensorBoard scalars whose largest value over the run is
     returned (under "max")."""
+    text = job_text(name)
+    return run_job_text(edit(text) if edit else text, name, seed, cap, tb_max)
+
+
+def run_job_text(text: str, name: str, seed: int, cap: float, tb_max: tuple[str, ...] = ()) -> dict:
+    """`rlctl run` of a job file's text with its seed replaced and `wall_s` set to `cap`, in a temporary runs
+    directory; timed from invocation to exit. Solved: finished at its return target."""
     with tempfile.TemporaryDirectory() as tmp:
-        text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", job_text(name))
-        text = edit(text) if edit else text
+        text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", text)
         text = re.sub(r"(?m)^wall_s = [\d.]+", f"wall_s = {cap}", text)
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text)
@@ -129,9 +135,10 @@ def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ..
         first_step = _first_env_step_s(run_dir, t0)
         maxima = _tb_maxima(run_dir, tb_max) if tb_max else {}
     solved = state.get("status") == "finished" and "return" in (state.get("exit_reason") or "")
-    return {"solved": solved, "wall_s": wall if solved else None,
-            "env_steps": int(state.get("metrics", {}).get("charts/env_steps", 0)),
-            "startup_s": first_step, "exit_reason": state.get("exit_reason"), "rc": out.returncode, "max": maxima}
+    metrics = state.get("metrics", {})
+    return {"solved": solved, "wall_s": wall if solved else None, "env_steps": int(metrics.get("charts/env_steps", 0)),
+            "return_mean": metrics.get("charts/episode_return_mean"), "startup_s": first_step,
+            "exit_reason": state.get("exit_reason"), "rc": out.returncode, "max": maxima}
 
 
 def _tb_maxima(run_dir: Path, tags: tuple[str, ...]) -> dict[str, float]:
