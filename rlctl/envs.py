@@ -8,14 +8,15 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from rlctl.spec import EnvSpec, register_env_packages
+from rlctl.spec import ENV_PACKAGES, EnvSpec, register_env_packages
 
 
 def resolve_env_id(env_id: str) -> str:
     """A registered id as is (ALE and MinAtar ids once their packages are imported); an entry point `module:attr`
     registered once under a derived id."""
     if ":" not in env_id:
-        if env_id not in gym.registry:
+        # A package's ids also when something else registered them first: MinAtar's get their vector entry point.
+        if env_id not in gym.registry or env_id.split("/")[0] in ENV_PACKAGES:
             register_env_packages()
         return env_id
     if env_id in gym.registry:

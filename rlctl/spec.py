@@ -635,8 +635,12 @@ def register_env_packages() -> None:
             continue
         if module == "ale_py":
             gymnasium.register_envs(mod)
-        elif "MinAtar/Breakout-v1" not in gymnasium.registry:
-            mod.register_envs()  # MinAtar registers its ids only when asked
+        else:
+            if "MinAtar/Breakout-v1" not in gymnasium.registry:
+                mod.register_envs()  # MinAtar registers its ids only when asked
+            from rlctl.minatar_vec import attach_vector_entry_points
+
+            attach_vector_entry_points(gymnasium.registry)  # its games stepped as arrays (vectorization = "auto")
 
 
 def env_id_problem(env_id: str) -> str | None:

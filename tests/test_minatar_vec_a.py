@@ -1,0 +1,304 @@
+"""Vectorized MinAtar Breakout, Freeway and Asterix against MinAtar's own games.
+
+Lockstep: each slot of a vector env runs beside a MinAtar reference env whose random draws are recorded and fed to the
+vector env's draw hook, so every observation, reward and terminal must match exactly, across episodes and autoresets.
+Statistics: random-policy return and length against MinAtar's (constants below; `python tests/test_minatar_vec_a.py`
+recomputes them). Contract: gymnasium's vector API. Speed: printed against gymnasium's SyncVectorEnv over MinAtar.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium
+import numpy as np
+import pytest
+from minatar.environments import asterix, breakout, freeway
+
+from rlctl.minatar_vec.asterix import AsterixVec
+from rlctl.minatar_vec.breakout import BreakoutVec
+from rlctl.minatar_vec.freeway import FreewayVec
+
+
+class RecordingRandom:
+    """Stands in for a MinAtar env's RandomState and queues every draw, for the vector env's hook to take."""
+
+    def __init__(self, seed: int):
+        self.state = np.random.RandomState(seed)
+        self.draws: list[tuple[str, tuple, object]] = []
+
+    def rand(self, *args):
+        value = self.state.rand(*args)
+        self.draws.append(("rand", args, value))
+        return value
+
+    def randint(self, *args):
+        value = self.state.randint(*args)
+        self.draws.append(("randint", args, np.copy(value)))  # MinAtar multiplies its speeds in place
+        return value
+
+    def take(self, name: str, args: tuple):
+        """The oldest queued draw, which must be the call `name(*args)` (the vector env draws what MinAtar drew)."""
+        assert self.draws, f"vector env drew {name}{args}; the reference drew nothing"
+        got_name, got_args, value = self.draws.pop(0)
+        assert (got_name, got_args) == (name, args), f"vector env drew {name}{args}; reference {got_name}{got_args}"
+        return value
+
+
+class FedBreakout(BreakoutVec):
+    """BreakoutVec whose ball sides are the ones its reference envs (`refs`, one per slot) drew."""
+
+    refs: list = []
+
+    def _draw_ball_starts(self, env_ids):
+        return np.array([self.refs[i].random.take("randint", (2,)) == 1 for i in env_ids], dtype=bool)
+
+
+class FedFreeway(FreewayVec):
+    """FreewayVec whose car speeds are the ones its reference envs drew."""
+
+    refs: list = []
+
+    def _draw_car_velocities(self, env_ids):
+        rows = []
+        for i in env_ids:
+            speeds = self.refs[i].random.take("randint", (1, 6, 8))
+            rows.append(speeds * np.sign(self.refs[i].random.take("rand", (8,)) - 0.5).astype(int))
+        return np.array(rows, dtype=np.int64).reshape(len(env_ids), 8)
+
+
+class FedAsterix(AsterixVec):
+    """AsterixVec whose spawns are the ones its reference envs drew; it checks its free-slot counts against theirs."""
+
+    refs: list = []
+    full_spawns = 0  # spawns that found all 8 rows taken: the lockstep must cover them
+
+    def _draw_spawns(self, env_ids, n_free):
+        draws = []
+        for i, free in zip(env_ids, n_free):
+            rnd = self.refs[i].random
+            from_left, gold = rnd.take("rand", ()) < 1 / 2, rnd.take("rand", ()) < 1 / 3
+            pick = rnd.take("randint", (int(free),)) if free else 0
+            self.full_spawns += free == 0
+            draws.append((from_left, gold, pick))
+        from_left, gold, pick = (np.array(column) for column in zip(*draws))
+        return from_left, gold, pick.astype(np.int64)
+
+
+def breakout_tracking(refs, rng):
+    """Chase the ball's next cells, 2% random: long episodes that clear (and refill) the wall, bricks back to back."""
+    lead = rng.integers(0, 3, len(refs))  # aim 0-2 cells ahead, to vary straight and edge bounces
+    target = [min(9, max(0, r.ball_x + (-1, 1, 1, -1)[r.ball_dir] * j)) for r, j in zip(refs, lead)]
+    act = np.array([3 if x > r.pos else 1 if x < r.pos else 0 for r, x in zip(refs, target)])
+    return np.where(rng.random(len(refs)) < 0.02, rng.integers(0, 6, len(refs)), act)
+
+
+def asterix_ramped(refs, vec):
+    """Start slots at assorted points of the difficulty ramp (spawn, its timer, move, its timer, ramp timer, index)."""
+    starts = [None, (3, 0, 2, 0, 2, 9), (2, 0, 1, 0, 0, 12), (1, 0, 1, 0, 50, 20), (4, 1, 3, 2, 1, 4),
+              (1, 0, 5, 4, 50, 7), (2, 1, 4, 0, 0, 7), None]
+    names = ("spawn_speed", "spawn_timer", "move_speed", "move_timer", "ramp_timer", "ramp_index")
+    for i, start in enumerate(starts[:len(refs)]):
+        for name, value in zip(names, start or ()):
+            setattr(refs[i], name, value)
+            getattr(vec, name)[i] = value
+
+
+def lockstep(fed_cls, module, k, steps, seed, ramping=True, policy=None, prepare=None):
+    """Step k reference envs and a k-slot fed vector env together, asserting equality every step; (returns, vec)."""
+    refs = []
+    for i in range(k):
+        ref = module.Env(ramping=ramping)
+        ref.random = RecordingRandom(seed + i)
+        ref.reset()
+        refs.append(ref)
+    vec = fed_cls(k, sticky_action_prob=0.0, difficulty_ramping=ramping)
+    vec.refs = refs
+    obs, _ = vec.reset(seed=seed)
+    if prepare:
+        prepare(refs, vec)
+        obs = vec._observe()
+    assert all(not r.random.draws for r in refs)
+    assert np.array_equal(obs, np.stack([r.state() for r in refs]))
+    rng = np.random.default_rng(seed)
+    done, returns, ret = np.zeros(k, dtype=bool), [], np.zeros(k)
+    for t in range(steps):
+        actions = policy(refs, rng) if policy else rng.integers(0, 6, k)
+        reward, terminal = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=bool)
+        for i, ref in enumerate(refs):
+            if done[i]:  # gymnasium NEXT_STEP: this step starts a new episode
+                ref.reset()
+            else:
+                reward[i], terminal[i] = ref.act(int(actions[i]))
+        obs, got_reward, got_terminal, truncated, _ = vec.step(actions)
+        assert all(not r.random.draws for r in refs), f"step {t}: the vector env drew less than the reference"
+        assert np.array_equal(obs, np.stack([r.state() for r in refs])), f"step {t}: observations differ"
+        assert np.array_equal(got_reward, reward), f"step {t}: rewards {got_reward} != {reward}"
+        assert np.array_equal(got_terminal, terminal) and not truncated.any(), f"step {t}: terminals differ"
+        ret += reward
+        returns += list(ret[terminal])
+        ret[terminal] = 0
+        done = terminal
+    return returns, vec
+
+
+def test_breakout_lockstep_random_and_tracking():
+    assert len(lockstep(FedBreakout, breakout, k=4, steps=400, seed=1)[0]) > 50
+    returns, _ = lockstep(FedBreakout, breakout, k=4, steps=1500, seed=2, policy=breakout_tracking)
+    assert max(returns) > 30  # a wall was cleared and refilled
+
+
+def test_freeway_lockstep_through_the_time_limit():
+    up_mostly = lambda refs, rng: rng.choice(6, size=len(refs), p=[.1, .1, .5, .1, .1, .1])
+    returns, _ = lockstep(FedFreeway, freeway, k=3, steps=2600, seed=3, policy=up_mostly)
+    assert len(returns) == 3 and min(returns) > 0  # every episode redrew its car speeds mid-episode
+
+
+@pytest.mark.parametrize("ramping", [True, False])
+def test_asterix_lockstep(ramping):
+    returns, vec = lockstep(FedAsterix, asterix, k=8, steps=800, seed=4, ramping=ramping, prepare=asterix_ramped)
+    assert len(returns) > 40 and sum(returns) > 10
+    assert vec.full_spawns > 0
+
+
+# -- random-policy statistics -------------------------------------------------------------------------------------
+
+POLICY = {"breakout": [1 / 6] * 6, "freeway": [.1, .1, .5, .1, .1, .1], "asterix": [1 / 6] * 6}
+EPISODES = {"breakout": 16, "freeway": 2, "asterix": 8}  # per vector slot, 256 slots
+VEC = {"breakout": BreakoutVec, "freeway": FreewayVec, "asterix": AsterixVec}
+MODULE = {"breakout": breakout, "freeway": freeway, "asterix": asterix}
+# MinAtar's own envs under POLICY: (return mean, return std, length mean, length std, episodes); see reference_stats.
+REFERENCE = {
+    "breakout": (0.5339, 0.7569, 11.4552, 7.9083, 100000),
+    "freeway": (10.665, 3.2636, 2501.0, 0.0, 1200),
+    "asterix": (0.4943, 0.8623, 70.2357, 44.4891, 40000),
+}
+
+
+def reference_stats(game, episodes, seed=0):
+    """Return and length statistics of MinAtar's own game under POLICY (ramping on, no sticky actions)."""
+    env = MODULE[game].Env(ramping=True)
+    env.random = np.random.RandomState(seed)
+    rng = np.random.default_rng(seed)
+    returns, lengths = [], []
+    for _ in range(episodes):
+        env.reset()
+        actions, total, n, done = rng.choice(6, size=3000, p=POLICY[game]), 0, 0, False
+        while not done:
+            reward, done = env.act(int(actions[n]))
+            total, n = total + reward, n + 1
+        returns.append(total)
+        lengths.append(n)
+    return np.mean(returns), np.std(returns), np.mean(lengths), np.std(lengths), episodes
+
+
+@pytest.mark.parametrize("game", list(VEC))
+def test_random_policy_statistics_match_minatar(game):
+    n, k = 256, EPISODES[game]
+    env = VEC[game](n, sticky_action_prob=0.0)
+    env.reset(seed=5)
+    rng = np.random.default_rng(5)
+    returns, lengths = [[] for _ in range(n)], [[] for _ in range(n)]
+    ret, length, fresh = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    for _ in range(20000):  # each slot's first k episodes: no bias towards short ones
+        _, reward, terminated, truncated, _ = env.step(rng.choice(6, size=n, p=POLICY[game]))
+        ret += reward
+        length += ~fresh  # the autoreset step belongs to no episode
+        assert not truncated.any()
+        for i in np.flatnonzero(terminated):
+            returns[i].append(ret[i])
+            lengths[i].append(length[i])
+        ret[terminated], length[terminated], fresh = 0, 0, terminated
+        if min(len(r) for r in returns) >= k:
+            break
+    returns = np.concatenate([r[:k] for r in returns])
+    lengths = np.concatenate([x[:k] for x in lengths])
+    ret_mean, ret_std, len_mean, len_std, ref_n = REFERENCE[game]
+    for name, got, mean, std in (("return", returns, ret_mean, ret_std), ("length", lengths, len_mean, len_std)):
+        tolerance = 4.5 * std * np.sqrt(1 / len(got) + 1 / ref_n) + 1e-9
+        assert abs(got.mean() - mean) <= tolerance, f"{game} mean {name} {got.mean():.3f}, MinAtar {mean:.3f}"
+
+
+# -- gymnasium contract --------------------------------------------------------------------------------------------
+
+FRESH = {  # what an observation at the start of an episode must show
+    "breakout": lambda o: o[9, 4, 0] and o[3, :, 1].any() and o[1:4, :, 3].all() and o[..., 3].sum() == 30,
+    "freeway": lambda o: o[9, 4, 0] and o[1:9, 0, 1].all() and o[..., 1].sum() == 8,
+    "asterix": lambda o: o[5, 5, 0] and o.sum() == 1,
+}
+
+
+@pytest.mark.parametrize("game", list(VEC))
+def test_gymnasium_vector_contract(game):
+    n, limit = 16, 25
+    ref = MODULE[game].Env()
+    env = VEC[game](n, max_episode_steps=limit)
+    channels = ref.state_shape()[2]
+    assert env.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.NEXT_STEP
+    assert env.single_observation_space.shape == (10, 10, channels) and env.single_observation_space.dtype == bool
+    assert env.observation_space.shape == (n, 10, 10, channels) and env.single_action_space.n == 6
+    assert list(env.action_space.nvec) == [6] * n
+    minimal = VEC[game](n, use_minimal_action_set=True)
+    assert list(minimal.action_set) == ref.minimal_action_set() == list(VEC[game].minimal_actions)
+    assert minimal.single_action_space.n == len(ref.minimal_action_set())
+
+    obs, _ = env.reset(seed=7)
+    assert obs.dtype == bool and obs.shape == (n, 10, 10, channels) and all(FRESH[game](o) for o in obs)
+    rng, steps_in_episode, fresh = np.random.default_rng(7), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    trajectory, truncations = [obs], 0
+    for _ in range(3 * limit):
+        obs, reward, terminated, truncated, _ = env.step(rng.integers(0, 6, n))
+        trajectory.append(obs)
+        assert obs.dtype == bool and reward.dtype == np.float32 and reward.shape == (n,)
+        assert not (terminated & truncated).any()
+        steps_in_episode = np.where(fresh, 0, steps_in_episode + 1)
+        assert np.array_equal(truncated, (steps_in_episode == limit) & ~terminated)
+        assert not reward[fresh].any() and not terminated[fresh].any() and not truncated[fresh].any()
+        assert all(FRESH[game](o) for o in obs[fresh])
+        fresh = terminated | truncated
+        truncations += truncated.sum()
+    assert truncations > 0
+
+    again = VEC[game](n, max_episode_steps=limit)
+    obs, _ = again.reset(seed=7)
+    rng = np.random.default_rng(7)
+    assert np.array_equal(obs, trajectory[0])
+    for t in range(1, 3 * limit + 1):
+        assert np.array_equal(again.step(rng.integers(0, 6, n))[0], trajectory[t])
+
+
+# -- speed ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("game", list(VEC))
+def test_print_speed_against_sync_vector_env(game, capsys):
+    """Not a check: prints microseconds per env-step at N=64, ours against SyncVectorEnv over MinAtar's env."""
+    import minatar.gym
+    if "MinAtar/Breakout-v1" not in gymnasium.registry:
+        minatar.gym.register_envs()
+    n = 64
+    actions = np.random.default_rng(0).integers(0, 3, (400, n))
+
+    def per_env_step(env, steps):
+        """Microseconds per env-step, the best of three runs (the machine is shared)."""
+        env.reset(seed=0)
+        env.step(actions[0])
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for t in range(steps):
+                env.step(actions[t])
+            best = min(best, (time.perf_counter() - start) / (steps * n) * 1e6)
+        return best
+
+    ours = per_env_step(VEC[game](n, sticky_action_prob=0.0, use_minimal_action_set=True), 300)
+    sync = gymnasium.make_vec(f"MinAtar/{game.title()}-v1", num_envs=n, vectorization_mode="sync",
+                              sticky_action_prob=0.0)
+    theirs = per_env_step(sync, 50)
+    sync.close()
+    with capsys.disabled():
+        print(f"\n{game} at N={n}: {ours:.2f} us/env-step vectorized, {theirs:.2f} sync, {theirs / ours:.1f}x")
+
+
+if __name__ == "__main__":
+    for name, episodes in (("breakout", 100000), ("freeway", 1200), ("asterix", 40000)):
+        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(name, episodes))},')
