@@ -115,22 +115,25 @@ def run_rlctl(name: str, seed: int, cap: float, edit=None, tb_max: tuple[str, ..
     return run_job_text(edit(text) if edit else text, name, seed, cap, tb_max)
 
 
-def run_job_text(text: str, name: str, seed: int, cap: float, tb_max: tuple[str, ...] = ()) -> dict:
+def run_job_text(text: str, name: str, seed: int, cap: float, tb_max: tuple[str, ...] = (),
+                 runs_dir: Path | None = None) -> dict:
     """`rlctl run` of a job file's text with its seed replaced and `wall_s` set to `cap`, in a temporary runs
-    directory; timed from invocation to exit. Solved: finished at its return target."""
+    directory (or `runs_dir`, kept); timed from invocation to exit. Solved: finished at its return target."""
     with tempfile.TemporaryDirectory() as tmp:
         text = re.sub(r"(?m)^seed = \d+", f"seed = {seed}", text)
         text = re.sub(r"(?m)^wall_s = [\d.]+", f"wall_s = {cap}", text)
         path = Path(tmp) / f"{name}.toml"
         path.write_text(text)
+        runs = Path(runs_dir or Path(tmp, "runs"))
+        before = set(runs.iterdir()) if runs.is_dir() else set()
         t0 = time.time()
         # The supervisor is stopped (SIGTERM: it stops its processes, then itself) on a timeout or when this bench is
         # killed, before the temporary directory goes; its own session keeps a terminal's Ctrl-C for this bench.
-        out = children.run([sys.executable, "-m", "rlctl", "run", str(path), "--runs-dir", f"{tmp}/runs"],
+        out = children.run([sys.executable, "-m", "rlctl", "run", str(path), "--runs-dir", str(runs)],
                            capture_output=True, text=True, timeout=cap + 120, env={**os.environ, "TERM": "dumb"},
                            grace=children.SUPERVISOR_GRACE_S)
         wall = time.time() - t0
-        run_dir = next(Path(tmp, "runs").iterdir())
+        run_dir = next(iter(set(runs.iterdir()) - before))
         state = json.loads((run_dir / "state.json").read_text())
         first_step = _first_env_step_s(run_dir, t0)
         maxima = _tb_maxima(run_dir, tb_max) if tb_max else {}
@@ -138,7 +141,7 @@ def run_job_text(text: str, name: str, seed: int, cap: float, tb_max: tuple[str,
     metrics = state.get("metrics", {})
     return {"solved": solved, "wall_s": wall if solved else None, "env_steps": int(metrics.get("charts/env_steps", 0)),
             "return_mean": metrics.get("charts/episode_return_mean"), "startup_s": first_step,
-            "exit_reason": state.get("exit_reason"), "rc": out.returncode, "max": maxima}
+            "exit_reason": state.get("exit_reason"), "rc": out.returncode, "max": maxima, "run_id": run_dir.name}
 
 
 def _tb_maxima(run_dir: Path, tags: tuple[str, ...]) -> dict[str, float]:
