@@ -126,7 +126,8 @@ class EnvSpec(Section):
     envs_per_collector: Annotated[int, Field(ge=1, le=65536)] = 8
     """Sub-environments in each collector's vector env."""
     vectorization: Literal["auto", "vector_entry_point", "sync", "async"] = "auto"
-    """`auto`: the env's native vectorized implementation where it has one, else `sync`."""
+    """`auto`: the env's native vectorized implementation where it has one (gymnasium's CartPole; MinAtar's five
+    games, stepped as arrays by rlctl.minatar_vec), else `sync`."""
     preset: Literal["none", "atari"] = "none"
     """`atari`: the standard Atari preprocessing around every sub-env (no-op starts, frame skip with max-pooling,
     84 x 84 grayscale, frame stacking; `[env.atari]` sets them), before `wrappers`. Needs `pip install -e
@@ -247,7 +248,8 @@ class TopologySpec(Section):
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
     learner_threads: Annotated[int, Field(ge=0, le=1024)] = 0
     """torch threads of each learner rank. 0: the cores its host has left after every other rlctl process there
-    (one each: collectors, replay shards, evaluator and inference servers run one torch thread), shared by the
+    that runs while it updates (one each: collectors, replay shards, evaluator and inference servers run one torch
+    thread; a synchronous algorithm's collectors wait for the weights meanwhile and are not counted), shared by the
     host's learner ranks, at least 1. `rlctl plan` shows the choice."""
     learner_cores: Literal["shared", "dedicated"] = "shared"
     """`dedicated`: on each learner host, every learner rank pins itself to cores of its own (as many as its torch
