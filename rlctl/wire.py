@@ -64,7 +64,17 @@ def kind_prefix(kind: str) -> bytes:
 
 
 def decode(frames: list) -> Message:
-    """Parse and validate frames (bytes or zmq.Frame); arrays are read-only views of the frames."""
+    """Parse and validate frames (bytes or zmq.Frame); arrays are read-only views of the frames. Total: whatever a
+    peer sends either decodes or raises WireError, so a receive loop that drops WireError survives every message."""
+    try:
+        return _decode(frames)
+    except WireError:
+        raise
+    except Exception as exc:  # a case the checks below missed must cost one message, never the receiving process
+        raise WireError(f"malformed message: {type(exc).__name__}") from None
+
+
+def _decode(frames: list) -> Message:
     if not frames:
         raise WireError("empty message")
     head = _buffer(frames[0])
@@ -77,7 +87,7 @@ def decode(frames: list) -> Message:
     if not isinstance(header, dict):
         raise WireError("header is not a map")
     kind, sender, version, meta, specs = (header.get(k) for k in ("k", "s", "v", "m", "a"))
-    if not isinstance(kind, str) or not isinstance(sender, str) or not isinstance(version, int):
+    if not isinstance(kind, str) or not isinstance(sender, str) or type(version) is not int:  # bool is an int
         raise WireError("bad kind/sender/version")
     if not isinstance(meta, dict) or not isinstance(specs, list) or len(specs) > MAX_ARRAYS:
         raise WireError("bad meta/array list")
@@ -95,13 +105,21 @@ def _array(spec: Any, frame: Any) -> tuple[str, np.ndarray]:
     name, dtype, shape = spec
     if not isinstance(name, str) or not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
         raise WireError(f"bad array name/dtype {dtype!r}")
-    if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape):
+    # type(d) is int: msgpack's true and false are ints to isinstance, and numpy refuses them as dimensions.
+    if (not isinstance(shape, list) or len(shape) > 8 or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
+            or math.prod(d for d in shape if d) >= 1 << 40):  # [2**39, 2**39, 0]: empty, yet no array numpy can make
         raise WireError("bad array shape")
     buf = _buffer(frame)
     dt = np.dtype(dtype)
     if math.prod(shape) * dt.itemsize != len(buf):  # exact integers: np.prod would wrap past 2**63
         raise WireError(f"array {name!r}: {len(buf)} bytes do not match {dtype}{shape}")
     return name, np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+def all_finite(arrays) -> bool:
+    """True when every floating-point array among `arrays` holds only finite values: a NaN or an infinity in
+    experience reaches the loss, and one update with it makes every weight NaN."""
+    return all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f")
 
 
 def _buffer(frame: Any) -> memoryview:

@@ -49,6 +49,11 @@ def test_round_trip_is_zero_copy_views_with_header_fields():
     [b"\x80" * (wire.MAX_HEADER_BYTES + 1)],
     # Dimensions whose product overflows int64 to 0 must not pass the size check with an empty frame.
     [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "uint8", [2**32, 2**32]]]}), b""],
+    # msgpack's true is an int to isinstance: as a dimension it made numpy raise TypeError, which failed a run.
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["x", "float32", [True]]]}), b"\0" * 4],
+    [msgpack.packb({"k": "x", "s": "", "v": True, "m": {}, "a": []})],
+    # Empty, so the size check passes, but no array numpy can shape (it raised ValueError from reshape).
+    [msgpack.packb({"k": "x", "s": "", "v": 0, "m": {}, "a": [["a", "uint8", [2**39, 2**39, 0]]]}), b""],
 ])
 def test_malformed_frames_raise_wire_error(frames):
     with pytest.raises(wire.WireError):
@@ -105,6 +110,10 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
         wire.send(push, "experience", "x", 0, None, good)
         wire.send(push, "experience", "x", 0, None, {**good, "reward": np.ones(4, np.float32)})  # ragged
         wire.send(push, "experience", "x", 0, None, {**good, "obs": np.zeros((5, 3), np.float32)})  # layout changed
+        push.send_multipart([msgpack.packb({"k": "experience", "s": "x", "v": 0, "m": {},
+                                            "a": [["obs", "float32", [True]]]}), b"\0" * 4])  # crashed the shard
+        wire.send(push, "experience", "x", 0, None, {**good, "reward": np.full(5, np.nan, np.float32)})  # NaN
+        wire.send(push, "experience", "x", 0, None, {**good, "next_obs": np.full((5, 4), np.inf, np.float32)})
         intruder = stranger.client(zmq.PUSH, exp_ep)
         wire.send(intruder, "experience", "evil", 0, None, good)
         deadline, metrics = time.time() + 60, {}
@@ -112,9 +121,9 @@ def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_run
             if control.poll(200):
                 _, msg = wire.recv(control, routed=True)
                 metrics = msg.meta.get("metrics") or metrics
-                if metrics.get("net/dropped", 0) >= 9 and metrics.get("net/refused", 0) >= 1:
+                if metrics.get("net/dropped", 0) >= 12 and metrics.get("net/refused", 0) >= 1:
                     break
-        assert metrics.get("net/dropped") == 9, metrics
+        assert metrics.get("net/dropped") == 12, metrics
         assert metrics.get("net/refused", 0) >= 1, metrics
         assert metrics.get("replay/size") == 5, metrics
         assert proc.poll() is None, "the shard must keep running"
@@ -214,12 +223,15 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
             wire.send(intruder, "rollout", "collector-1", 0, None, good)  # wrong keys
             wire.send(push, "rollout", "collector-²", 0, None, good)  # not an ASCII rank: int() once crashed on it
             wire.send(push, "rollout", "collector-1", 0, None, {**good, "action": np.full_like(good["action"], 7)})
+            poisoned = {**good, "obs": good["obs"].copy(), "reward": good["reward"].copy()}
+            poisoned["obs"][0, 0, 0], poisoned["reward"][-1, -1] = np.nan, np.inf  # one update: every weight NaN
+            wire.send(push, "rollout", "collector-1", 0, None, poisoned)
             # One PPO round needs version 0 from both of this rank's collectors.
             wire.send(push, "rollout", "collector-0", 0, None, good)
             wire.send(push, "rollout", "collector-1", 0, None, good)
             until(lambda m: m.get("learner/updates") == 1, "no update after a full round")
             wire.send(push, "rollout", "collector-0", 0, None, good)  # version 0 again: now stale
-            until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 5
+            until(lambda m: m.get("learner/rollouts_dropped") == 1 and m.get("net/dropped") == 6
                   and m.get("net/refused", 0) >= 1, "stale/malformed/refused not counted")
             assert learner.proc.poll() is None, "the learner must keep running"
             newest = None
@@ -235,6 +247,12 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
             stranger.close()
     assert learner.proc.returncode == 0
     assert (tmp_path / "ckpt" / "latest.pt").is_file()
+    import torch
+
+    from rlctl.checkpoint import load_checkpoint
+
+    weights = load_checkpoint(tmp_path / "ckpt" / "latest.pt")["model"]
+    assert all(torch.isfinite(t).all() for t in weights.values()), "the NaN rollout reached the weights"
 
 
 def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscribes_late(tmp_path):

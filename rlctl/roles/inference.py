@@ -78,6 +78,8 @@ class RequestParser:
         a = msg.arrays
         if any(a[k].shape != shape or a[k].dtype != dtype for k, (shape, dtype) in self.expected.items()):
             return None
+        if not wire.all_finite(a.values()):
+            return None
         return StepRequest(c, token, seq, a["obs"], a["reward"], a["terminated"], a["truncated"])
 
 

@@ -134,7 +134,7 @@ class ReplaySource:
 
 class RolloutCheck:
     """Whether a decoded message is a rollout of the job's layout: the fields, shapes and dtypes, a collector's
-    sender, actions in range. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and `obs_frame` stack
+    sender, actions in range, floats finite. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and `obs_frame` stack
     starts (rlctl.frames)."""
 
     def __init__(self, layout: dict, n_actions: int, frame_stack: int = 0):
@@ -157,7 +157,7 @@ class RolloutCheck:
         if self.frame_stack and not parse_rollout_frames(msg.arrays["frames"], msg.arrays["obs_frame"],
                                                          self.obs_rows, n_envs, self.obs_shape):
             return False
-        return actions_in_range(msg.arrays["action"], self.n_actions)
+        return actions_in_range(msg.arrays["action"], self.n_actions) and wire.all_finite(msg.arrays.values())
 
 
 class RolloutInbox:

@@ -95,8 +95,8 @@ class ReplayShard:
 
     def on_experience(self, msg: wire.Message) -> None:
         """Insert one collector batch; dropped and counted unless it is exactly the job's item layout (from the env
-        spaces, never from what arrives; frame stacks as frames and stack starts) with one finite-or-not 1-D float
-        priority per item."""
+        spaces, never from what arrives; frame stacks as frames and stack starts; floats finite) with one
+        finite-or-not 1-D float priority per item."""
         arrays = dict(msg.arrays)
         prio = arrays.pop("priority", None)
         if prio is None or prio.ndim != 1 or prio.dtype.kind != "f" or not 0 < len(prio) <= MAX_ITEMS:
@@ -111,7 +111,7 @@ class ReplayShard:
             items = arrays
         else:
             items = None
-        if items is None:
+        if items is None or not wire.all_finite(items.values()):
             self.dropped += 1
             return
         if self.buffer is None:
