@@ -53,3 +53,27 @@ def test_live_table_and_status_name_a_diverging_run():
     state["metrics"][M.DIVERGING] = 0
     assert "DIVERGING" not in " | ".join(header_lines(state, now=1.0))
     assert divergence_text({M.DIVERGING: 1, M.Q_ABS_MAX: float("nan")}) == "DIVERGING: non-finite losses or values"
+
+
+def test_every_core_refuses_a_gradient_step_from_non_finite_data():
+    """A NaN reward (a buggy or hostile collector, or a run gone wrong) must not reach the weights that are
+    published and checkpointed: the step is skipped and counted, and the next finite batch trains as before."""
+    for name in ("apex", "ppo", "r2d2"):
+        torch.manual_seed(0)
+        job = small_job(name)
+        info, _, _, blocks = collect_blocks(job, 6)
+        batch = learner_batch(job, blocks)
+        core = build_core(job, info, torch.device("cpu"))
+        before = [p.detach().clone() for p in core.model.parameters()]
+        poisoned = dict(batch)
+        reward = poisoned["reward"]
+        poisoned["reward"] = reward.copy() if hasattr(reward, "copy") else reward.clone()
+        poisoned["reward"][0] = float("nan")
+        core.update(poisoned)
+        assert core.nonfinite_steps > 0, name
+        assert all(torch.equal(a, b) for a, b in zip(before, core.model.parameters())), name
+        steps = core.nonfinite_steps
+        core.update(batch)
+        assert core.nonfinite_steps == steps, name
+        assert all(torch.isfinite(p).all() for p in core.model.parameters()), name
+        assert not all(torch.equal(a, b) for a, b in zip(before, core.model.parameters())), name

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rlctl.envs import SpaceInfo
+from rlctl.optim import optimizer_step
 
 
 @dataclass
@@ -48,13 +49,29 @@ class UpdateResult:
 
 
 class LearnerCore:
-    """An algorithm's update rule on one rank. Subclasses set `model` (the network actors run) in __init__."""
+    """An algorithm's update rule on one rank. Subclasses set `model` (the network actors run) and `opt` (its
+    optimizer) in __init__ and take each gradient step through `gradient_step`."""
 
     model: nn.Module
+    opt: torch.optim.Optimizer
     publish_interval: int = 1  # updates between weight publications (each one a new policy version)
+    nonfinite_steps: int = 0  # gradient steps refused for a non-finite gradient (learner/nonfinite_updates)
 
     def __init__(self, setup: LearnerSetup):
         self.setup = setup
+
+    def gradient_step(self, loss: torch.Tensor, max_grad_norm: float) -> bool:
+        """Backward, clip the global gradient norm, step. A non-finite norm (a NaN or infinity in the batch or the
+        loss) skips the step and is counted: no NaN reaches the weights that are published and checkpointed."""
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm, foreach=True)
+        if not torch.isfinite(norm):  # with DDP every rank has the same averaged gradients, so all skip alike
+            self.opt.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            return False
+        optimizer_step(self.opt)
+        return True
 
     def update(self, batch: dict) -> UpdateResult:
         """Train on one batch: numpy arrays as sampled from replay, or [T(+1), B, ...] tensors of rollouts."""

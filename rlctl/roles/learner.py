@@ -236,6 +236,7 @@ class LearnerShell:
                 control.heartbeat({
                     "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
                     M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0, M.LEARNER_RESTARTS: self.restarts,
+                    M.NONFINITE_UPDATES: core.nonfinite_steps,
                     M.UPDATES_PER_S: (self.updates - last_updates) / dt,
                     M.SAMPLES_PER_S: samples * self.world / dt, M.DATA_WAIT_FRAC: wait_s / dt,
                     **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})

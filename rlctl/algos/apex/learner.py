@@ -11,7 +11,7 @@ from rlctl import metric_names as M
 from rlctl.algos.apex.actor import build_model
 from rlctl.algos.apex.dqn import targets_from_q, td_loss
 from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
-from rlctl.optim import build_optimizer, optimizer_step
+from rlctl.optim import build_optimizer
 
 
 class ApexLearner(TargetNetworkCore):
@@ -48,10 +48,7 @@ class ApexLearner(TargetNetworkCore):
         with torch.no_grad():
             y = targets_from_q(next_q_online, self.target(next_obs), rewards, discounts, algo.double)
         loss, td_abs = td_loss(q, actions, y, weights)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip, foreach=True)
-        optimizer_step(self.opt)
+        self.gradient_step(loss, algo.grad_clip)
         self.stepped()
         self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
         stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean(), M.Q_ABS_MAX: q.detach().abs().max()}

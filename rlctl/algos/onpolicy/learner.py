@@ -9,7 +9,7 @@ from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
 from rlctl.models import ActorCritic, as_float
-from rlctl.optim import build_optimizer, optimizer_step
+from rlctl.optim import build_optimizer
 
 
 class RolloutCore(LearnerCore):
@@ -44,10 +44,7 @@ class RolloutCore(LearnerCore):
         return lr
 
     def _step(self, loss: torch.Tensor) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm, foreach=True)
-        optimizer_step(self.opt)
+        self.gradient_step(loss, self.algo.max_grad_norm)
 
     def _forward_all(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Heads [T, B, A] of the first T rows of [T+1, B, ...] observations and values [T+1, B]: the T rows through

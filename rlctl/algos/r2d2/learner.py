@@ -13,7 +13,7 @@ from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
 from rlctl.algos.r2d2.actor import build_model
 from rlctl.algos.r2d2.model import RecurrentQNetwork
 from rlctl.algos.r2d2.targets import r2d2_loss, value_rescale_inv
-from rlctl.optim import build_optimizer, optimizer_step
+from rlctl.optim import build_optimizer
 
 
 class SequenceQ(nn.Module):
@@ -65,10 +65,7 @@ class R2D2Learner(TargetNetworkCore):
         q = torch.cat([q_burn.reshape(burn, *q_rest.shape[1:]), q_rest]) if burn else q_rest
         loss, priorities, stats = r2d2_loss(q, q_target, actions, rewards, terminated, valid, weights, burn,
                                             algo.gamma, algo.n_step, algo.rescale_eps, algo.double, algo.priority_eta)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), algo.grad_clip, foreach=True)
-        optimizer_step(self.opt)
+        self.gradient_step(loss, algo.grad_clip)
         self.stepped()
         # The guard compares values in return units: h^-1 of the largest rescaled |Q| (h is odd and increasing).
         self.reward_max = max(self.reward_max, float(rewards.abs().max()))
