@@ -8,7 +8,7 @@ each shard's snapshot); this module decides what may change between segments and
 from __future__ import annotations
 
 from rlctl.rundir import RunDir, group_alive, status_of
-from rlctl.spec import JobSpec, resolved_dict, validate_job
+from rlctl.spec import JobSpec, host_secrets, resolved_dict, validate_job, with_host_secrets
 
 # What a resumed run may change: its stop criteria, how many of each process run, and where.
 RESUMABLE_KEYS = ("job.stop.", "topology.collectors", "topology.learner_procs", "topology.replay_shards",
@@ -65,12 +65,12 @@ def job_for_resume(old: JobSpec, new: JobSpec | None, until: dict[str, object], 
                             f"criteria ([job.stop]), topology counts and hosts")
     if not until:
         return spec
-    data = resolved_dict(spec)
+    data = resolved_dict(spec)  # masks hosts[].env: they go back in below, or the masks would reach the processes
     stop = data["job"]["stop"]
     for key in STOP_CRITERIA:
         stop[key] = None
     stop.update(until)
-    return validate_job(data, "--until")
+    return with_host_secrets(validate_job(data, "--until"), host_secrets(spec))
 
 
 def previous_segment(rundir: RunDir) -> dict:

@@ -477,6 +477,20 @@ def test_roundtrip_shipped_jobs(path):
     assert dumps_toml(resolved_dict(validate_job(tomllib.loads(text)))) == text
 
 
+@pytest.mark.parametrize("new_job", [False, True])
+def test_resume_with_until_keeps_the_real_host_secrets(tmp_path, new_job):
+    """--until used to validate the masked job: the processes got `********` and secrets.json was rewritten with it."""
+    from rlctl.resume import job_for_resume
+
+    spec = load_job(write(tmp_path, RICH))
+    assert any(h.env for h in spec.hosts)
+    old = with_host_secrets(roundtrip(spec), host_secrets(spec))  # as `--resume` reads job.toml and secrets.json
+    resumed = job_for_resume(old, old if new_job else None, {"env_steps": 123_456}, "--until")
+    assert resumed.job.stop.env_steps == 123_456
+    assert host_secrets(resumed) == host_secrets(spec)
+    assert SECRET_MASK not in {v for h in resumed.hosts for v in h.env.values()}  # what the plan hands processes
+
+
 def test_roundtrip_rich_job(tmp_path):
     spec = load_job(write(tmp_path, RICH))
     kwargs = spec.env.kwargs
