@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from minatar.environments import asterix, breakout, freeway
 
+from minatar_stats import assert_statistics_match, first_episodes, reference_stats
 from rlctl.minatar_vec.asterix import AsterixVec
 from rlctl.minatar_vec.breakout import BreakoutVec
 from rlctl.minatar_vec.freeway import FreewayVec
@@ -167,7 +168,7 @@ POLICY = {"breakout": [1 / 6] * 6, "freeway": [.1, .1, .5, .1, .1, .1], "asterix
 EPISODES = {"breakout": 16, "freeway": 2, "asterix": 8}  # per vector slot, 256 slots
 VEC = {"breakout": BreakoutVec, "freeway": FreewayVec, "asterix": AsterixVec}
 MODULE = {"breakout": breakout, "freeway": freeway, "asterix": asterix}
-# MinAtar's own envs under POLICY: (return mean, return std, length mean, length std, episodes); see reference_stats.
+# MinAtar's own envs under POLICY: (return mean, return std, length mean, length std, episodes); see minatar_stats.reference_stats.
 REFERENCE = {
     "breakout": (0.5339, 0.7569, 11.4552, 7.9083, 100000),
     "freeway": (10.665, 3.2636, 2501.0, 0.0, 1200),
@@ -175,48 +176,15 @@ REFERENCE = {
 }
 
 
-def reference_stats(game, episodes, seed=0):
-    """Return and length statistics of MinAtar's own game under POLICY (ramping on, no sticky actions)."""
-    env = MODULE[game].Env(ramping=True)
-    env.random = np.random.RandomState(seed)
-    rng = np.random.default_rng(seed)
-    returns, lengths = [], []
-    for _ in range(episodes):
-        env.reset()
-        actions, total, n, done = rng.choice(6, size=3000, p=POLICY[game]), 0, 0, False
-        while not done:
-            reward, done = env.act(int(actions[n]))
-            total, n = total + reward, n + 1
-        returns.append(total)
-        lengths.append(n)
-    return np.mean(returns), np.std(returns), np.mean(lengths), np.std(lengths), episodes
+def draw_policy(game):
+    """Actions of the full set under POLICY[game]."""
+    return lambda rng, size: rng.choice(6, size=size, p=POLICY[game])
 
 
 @pytest.mark.parametrize("game", list(VEC))
 def test_random_policy_statistics_match_minatar(game):
-    n, k = 256, EPISODES[game]
-    env = VEC[game](n, sticky_action_prob=0.0)
-    env.reset(seed=5)
-    rng = np.random.default_rng(5)
-    returns, lengths = [[] for _ in range(n)], [[] for _ in range(n)]
-    ret, length, fresh = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-    for _ in range(20000):  # each slot's first k episodes: no bias towards short ones
-        _, reward, terminated, truncated, _ = env.step(rng.choice(6, size=n, p=POLICY[game]))
-        ret += reward
-        length += ~fresh  # the autoreset step belongs to no episode
-        assert not truncated.any()
-        for i in np.flatnonzero(terminated):
-            returns[i].append(ret[i])
-            lengths[i].append(length[i])
-        ret[terminated], length[terminated], fresh = 0, 0, terminated
-        if min(len(r) for r in returns) >= k:
-            break
-    returns = np.concatenate([r[:k] for r in returns])
-    lengths = np.concatenate([x[:k] for x in lengths])
-    ret_mean, ret_std, len_mean, len_std, ref_n = REFERENCE[game]
-    for name, got, mean, std in (("return", returns, ret_mean, ret_std), ("length", lengths, len_mean, len_std)):
-        tolerance = 4.5 * std * np.sqrt(1 / len(got) + 1 / ref_n) + 1e-9
-        assert abs(got.mean() - mean) <= tolerance, f"{game} mean {name} {got.mean():.3f}, MinAtar {mean:.3f}"
+    returns, lengths = first_episodes(VEC[game](256, sticky_action_prob=0.0), draw_policy(game), EPISODES[game])
+    assert_statistics_match(game, returns, lengths, REFERENCE[game])
 
 
 # -- gymnasium contract --------------------------------------------------------------------------------------------
@@ -301,4 +269,4 @@ def test_print_speed_against_sync_vector_env(game, capsys):
 
 if __name__ == "__main__":
     for name, episodes in (("breakout", 100000), ("freeway", 1200), ("asterix", 40000)):
-        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(name, episodes))},')
+        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(MODULE[name].Env, draw_policy(name), episodes))},')

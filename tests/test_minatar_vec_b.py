@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from minatar.environments import seaquest, space_invaders
 
+from minatar_stats import assert_statistics_match, first_episodes, reference_stats
 from rlctl.minatar_vec.seaquest import SeaquestVec
 from rlctl.minatar_vec.seaquest_objects import diver_code, enemy_code
 from rlctl.minatar_vec.space_invaders import SpaceInvadersVec
@@ -220,45 +221,15 @@ REFERENCE = {
 }
 
 
-def reference_stats(game, episodes, seed=0):
-    """Return and length statistics of MinAtar's own game under a uniform random policy (ramping on, no sticky)."""
-    env = MODULE[game].Env(ramping=True)
-    env.random = np.random.RandomState(seed)
-    rng = np.random.default_rng(seed)
-    returns, lengths = [], []
-    for _ in range(episodes):
-        env.reset()
-        actions, total, n, done = rng.integers(0, 6, 5000), 0, 0, False
-        while not done:
-            reward, done = env.act(int(actions[n]))
-            total, n = total + reward, n + 1
-        returns.append(total)
-        lengths.append(n)
-    return np.mean(returns), np.std(returns), np.mean(lengths), np.std(lengths), episodes
+def uniform(rng, size):
+    """Uniformly random actions of the full set."""
+    return rng.integers(0, 6, size)
 
 
 @pytest.mark.parametrize("game", list(VEC))
 def test_random_policy_statistics_match_minatar(game):
-    n, k = 256, EPISODES[game]
-    env = VEC[game](n, sticky_action_prob=0.0)
-    env.reset(seed=5)
-    rng = np.random.default_rng(5)
-    returns, lengths = [[] for _ in range(n)], [[] for _ in range(n)]
-    ret, length, fresh = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-    while min(len(r) for r in returns) < k:  # each slot's first k episodes: no bias towards short ones
-        _, reward, terminated, truncated, _ = env.step(rng.integers(0, 6, n))
-        ret += reward
-        length += ~fresh  # the autoreset step belongs to no episode
-        for i in np.flatnonzero(terminated):
-            returns[i].append(ret[i])
-            lengths[i].append(length[i])
-        ret[terminated], length[terminated], fresh = 0, 0, terminated
-    returns = np.concatenate([r[:k] for r in returns])
-    lengths = np.concatenate([x[:k] for x in lengths])
-    ret_mean, ret_std, len_mean, len_std, ref_n = REFERENCE[game]
-    for name, got, mean, std in (("return", returns, ret_mean, ret_std), ("length", lengths, len_mean, len_std)):
-        tolerance = 4.5 * std * np.sqrt(1 / len(got) + 1 / ref_n)
-        assert abs(got.mean() - mean) <= tolerance, f"{game} mean {name} {got.mean():.3f}, MinAtar {mean:.3f}"
+    returns, lengths = first_episodes(VEC[game](256, sticky_action_prob=0.0), uniform, EPISODES[game])
+    assert_statistics_match(game, returns, lengths, REFERENCE[game])
 
 
 # -- gymnasium contract --------------------------------------------------------------------------------------------
@@ -338,4 +309,4 @@ def test_print_speed_against_sync_vector_env(game, capsys):
 
 if __name__ == "__main__":
     for name, episodes in (("space_invaders", 15000), ("seaquest", 60000)):
-        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(name, episodes))},')
+        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(MODULE[name].Env, uniform, episodes))},')
