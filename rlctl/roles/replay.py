@@ -111,7 +111,7 @@ class ReplayShard:
             items = arrays
         else:
             items = None
-        if items is None or not wire.all_finite(items.values()):
+        if items is None or not wire.all_finite(arrays.values()):  # as received: frame items are no dict
             self.dropped += 1
             return
         if self.buffer is None:
