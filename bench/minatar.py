@@ -141,9 +141,9 @@ def main() -> None:
                     r = run_baseline(game, seed, args.cap, TARGETS[game], 10 * TARGET_STEPS)
                 runs[(game, side)].append(r)
                 wall = f"{r['wall_s']:.1f} s" if r["solved"] else "not reached"
+                why = "" if r["solved"] else f"  {r.get('error') or r.get('exit_reason')}"
                 print(f"{game:15s} {side:8s} seed {seed}: {wall}, {r['env_steps']} env steps, return "
-                      f"{r['return_mean']}{'  ' + str(r.get('error') or r.get('exit_reason')) if not r['solved'] else ''}",
-                      flush=True)
+                      f"{r['return_mean']}{why}", flush=True)
     print()
     print(f"{'game':15s} {'target':>6s} {'side':8s} {'reached':>7s} {'median s':>9s} {'worst s':>8s} "
           f"{'median steps':>12s}")
@@ -156,9 +156,9 @@ def main() -> None:
             steps, _ = median_worst(rs, "env_steps")
             reached = sum(r["solved"] for r in rs)
             all_reached &= reached == len(rs)
-            print(f"{game:15s} {TARGETS[game]:6.1f} {side:8s} {reached:>4d}/{len(rs)} "
-                  f"{med if med is not None else float('nan'):9.1f} {worst if worst is not None else float('nan'):8.1f} "
-                  f"{steps if steps is not None else float('nan'):12.0f}")
+            nan = float("nan")
+            print(f"{game:15s} {TARGETS[game]:6.1f} {side:8s} {reached:>4d}/{len(rs)} {nan if med is None else med:9.1f} "
+                  f"{nan if worst is None else worst:8.1f} {nan if steps is None else steps:12.0f}")
             summary[f"{game}_{side}_s"] = None if med is None else round(med, 1)
             summary[f"{game}_{side}_worst_s"] = None if worst is None else round(worst, 1)
             summary[f"{game}_{side}_steps"] = None if steps is None else int(steps)

@@ -168,7 +168,8 @@ POLICY = {"breakout": [1 / 6] * 6, "freeway": [.1, .1, .5, .1, .1, .1], "asterix
 EPISODES = {"breakout": 16, "freeway": 2, "asterix": 8}  # per vector slot, 256 slots
 VEC = {"breakout": BreakoutVec, "freeway": FreewayVec, "asterix": AsterixVec}
 MODULE = {"breakout": breakout, "freeway": freeway, "asterix": asterix}
-# MinAtar's own envs under POLICY: (return mean, return std, length mean, length std, episodes); see minatar_stats.reference_stats.
+# MinAtar's own envs under POLICY: (return mean, return std, length mean, length std, episodes), as
+# minatar_stats.reference_stats gives them.
 REFERENCE = {
     "breakout": (0.5339, 0.7569, 11.4552, 7.9083, 100000),
     "freeway": (10.665, 3.2636, 2501.0, 0.0, 1200),
@@ -269,4 +270,5 @@ def test_print_speed_against_sync_vector_env(game, capsys):
 
 if __name__ == "__main__":
     for name, episodes in (("breakout", 100000), ("freeway", 1200), ("asterix", 40000)):
-        print(f'"{name}": {tuple(round(float(v), 4) for v in reference_stats(MODULE[name].Env, draw_policy(name), episodes))},')
+        stats = reference_stats(MODULE[name].Env, draw_policy(name), episodes)
+        print(f'"{name}": {tuple(round(float(v), 4) for v in stats)},')

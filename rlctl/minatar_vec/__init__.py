@@ -33,5 +33,6 @@ def make_vector_env(num_envs: int = 1, game: str = "breakout", display_time: int
 def attach_vector_entry_points(registry) -> None:
     """Give MinAtar's registered ids (v0 and v1 of every game) the vectorized ports as their vector entry point."""
     for spec in registry.values():
-        if spec.id.startswith("MinAtar/") and spec.kwargs.get("game") in GAME_CLASSES and spec.vector_entry_point is None:
+        ours = spec.id.startswith("MinAtar/") and spec.kwargs.get("game") in GAME_CLASSES
+        if ours and spec.vector_entry_point is None:
             spec.vector_entry_point = ENTRY_POINT

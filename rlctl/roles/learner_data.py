@@ -134,8 +134,8 @@ class ReplaySource:
 
 class RolloutCheck:
     """Whether a decoded message is a rollout of the job's layout: the fields, shapes and dtypes, a collector's
-    sender, actions in range, floats finite. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and `obs_frame` stack
-    starts (rlctl.frames)."""
+    sender, actions in range, floats finite. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and
+    `obs_frame` stack starts (rlctl.frames)."""
 
     def __init__(self, layout: dict, n_actions: int, frame_stack: int = 0):
         self.layout, self.n_actions = dict(layout), n_actions
