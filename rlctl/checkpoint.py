@@ -168,21 +168,23 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     except (TypeError, ValueError):
         raise CheckpointError(f"its 'updates' record is not a count (a {type(data['updates']).__name__})") from None
     try:
-        model = build_model(job, info)
-    except Exception as exc:  # the spaces of a malformed record: torch and numpy raise many types
+        made = probe_space_info(job.env)
+    except Exception as exc:  # an unknown id, bad kwargs, the env's own errors: any type
+        raise CheckpointError(f"cannot make env {job.env.id!r} ({type(exc).__name__}: {_one_line(exc)})") from None
+    # Everything below allocates what the file declares: the env's own spaces and the weights the file holds bound it.
+    if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
+        raise CheckpointError(f"env {job.env.id!r} has {_spaces(made)}; the checkpoint's network was made for "
+                              f"{_spaces(_clipped(info))}")
+    _check_weight_shapes(job, made, state)
+    try:
+        model = build_model(job, made)
+    except Exception as exc:  # torch and numpy raise many types
         raise CheckpointError(f"cannot build the {job.algorithm.name} network for its spaces "
                               f"({type(exc).__name__}: {_one_line(exc)})") from None
     try:
         model.load_state_dict(state)
-    except Exception as exc:  # RuntimeError: missing/unexpected keys, wrong shapes, values that are not tensors
+    except Exception as exc:  # RuntimeError: values that are not tensors, dtypes torch cannot copy
         raise CheckpointError(f"its weights do not fit the job's network ({_one_line(exc)})") from None
-    try:
-        made = probe_space_info(job.env)
-    except Exception as exc:  # an unknown id, bad kwargs, the env's own errors: any type
-        raise CheckpointError(f"cannot make env {job.env.id!r} ({type(exc).__name__}: {_one_line(exc)})") from None
-    if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
-        raise CheckpointError(f"env {job.env.id!r} has {_spaces(made)}; the checkpoint's network was made for "
-                              f"{_spaces(info)}")
     try:
         returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algo.recurrent, video_dir=video_dir)
     except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
@@ -194,6 +196,46 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     if video_dir is not None:
         out["videos"] = [str(Path(video_dir) / f"episode-{i}-episode-0.mp4") for i in range(episodes)]
     return out
+
+
+def _check_weight_shapes(job, info, state: dict) -> None:
+    """Refuse weights whose names or shapes are not those of the job's network, before that network is built: it is
+    built on torch's meta device first (no memory), so a stored job declaring a huge network allocates nothing, and
+    the real one is then no larger than the weights already read from the file."""
+    from rlctl.algos import build_model
+
+    try:
+        with torch.device("meta"):
+            shell = build_model(job, info)
+    except Exception as exc:  # the job's own model settings: torch raises many types
+        raise CheckpointError(f"cannot build the {job.algorithm.name} network for its spaces "
+                              f"({type(exc).__name__}: {_one_line(exc)})") from None
+    want = {k: tuple(v.shape) for k, v in shell.state_dict().items()}
+    have = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in state.items()}
+    if want == have:
+        return
+    missing, unexpected = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
+    if missing or unexpected:
+        reason = (f"missing {_names(missing)}" if missing else "") + ("; " if missing and unexpected else "") + \
+                 (f"unexpected {_names(unexpected)}" if unexpected else "")
+    else:
+        key = next(k for k in want if want[k] != have[k])
+        found = "not a tensor" if have[key] is None else f"shaped {list(have[key])}"
+        reason = f"{_names([key])} is {found}, the network's is shaped {list(want[key])}"
+    raise CheckpointError(f"its weights do not fit the job's network ({reason})")
+
+
+def _names(keys: list) -> str:
+    """A few state-dict keys for a message (a hostile file may hold thousands, named anything)."""
+    shown = ", ".join(_one_line(Exception(repr(k)))[:80] for k in keys[:3])
+    return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def _clipped(info):
+    """A SpaceInfo from a file with its shapes cut for a message."""
+    from dataclasses import replace
+
+    return replace(info, obs_shape=tuple(info.obs_shape[:8]), action_shape=tuple(info.action_shape[:8]))
 
 
 def _spaces(info) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,6 +189,9 @@ MALFORMED = {
     "model-not-a-dict": lambda p: _checkpoint(p, model=[1, 2]),
     "space-not-the-envs": lambda p: _checkpoint(p, for_space=SpaceInfo((6,), "float32", n_actions=2)),
     "bad-updates": lambda p: _checkpoint(p, updates="many"),
+    "space-of-12m-floats": lambda p: _checkpoint(p, space=SpaceInfo((12_000_000,), "float32", n_actions=2).to_dict()),
+    "job-of-a-huge-network": lambda p: _checkpoint(p, job=resolved_dict(validate_job(
+        {**_job(), "model": {"hidden": [65536] * 16}}))),
 }
 
 
@@ -197,3 +202,38 @@ def test_malformed_checkpoint_exits_2_with_one_line(tmp_path, case):
     proc = run_cli(["eval", str(ckpt), "--episodes", "2"], expected_exit=2)
     line = _one_line_error(proc)
     assert line.startswith(f"{ckpt}: ") and len(line) > len(f"{ckpt}: ") + 10, line
+
+
+HUGE = {
+    # An 18 KB file whose space record declares 12M floats of observation (a network of 3 GB for it).
+    "space": lambda p: _checkpoint(p, space=SpaceInfo((12_000_000,), "float32", n_actions=2).to_dict()),
+    # A stored job whose network has 16 layers of 65536 units (68G parameters); the weights are CartPole's small ones.
+    "network": lambda p: _checkpoint(p, job=resolved_dict(validate_job({**_job(), "model": {"hidden": [65536] * 16}}))),
+}
+MEASURE_REFUSAL = """
+import json, resource, sys, time
+import torch, gymnasium
+from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
+before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+try:
+    evaluate_checkpoint(sys.argv[1], episodes=2, seed=0)
+    reason = None
+except CheckpointError as exc:
+    reason = str(exc)
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"reason": reason, "seconds": time.monotonic() - start, "grown_mb": grown / 1024}))
+"""
+
+
+@pytest.mark.parametrize("case", list(HUGE))
+def test_a_checkpoint_declaring_a_huge_network_is_refused_before_it_is_built(tmp_path, case):
+    """Issue 28 (6): the file's declared shapes are checked against the env's own spaces and the weights it holds
+    before anything is allocated for them: refused in under 2 s, the process growing by under 200 MB."""
+    ckpt = HUGE[case](tmp_path / "huge.pt")
+    assert ckpt.stat().st_size < 100_000
+    proc = subprocess.run([sys.executable, "-c", MEASURE_REFUSAL, str(ckpt)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["reason"] is not None, result
+    assert result["seconds"] < 2.0 and result["grown_mb"] < 200, result
