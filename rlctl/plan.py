@@ -251,8 +251,9 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
             env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{learner_threads(h, node_procs[node])}"
         if board and h is head and (role == "learner" or role in subscribers):
             env["RLCTL_WEIGHT_BOARD"] = board
-        if not all_local:
-            env["RLCTL_ADVERTISE"] = addr(h)  # learners pick the network interface for gloo/nccl from it
+        # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
+        # otherwise listen on whatever the host name resolves to).
+        env["RLCTL_ADVERTISE"] = addr(h)
         if not h.is_local:
             # The job file arrives on the session's stdin; the run's files live under the host's workdir.
             remote_dir = remote_run_dir(run_id)

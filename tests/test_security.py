@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +53,71 @@ def test_a_local_run_is_private_and_listens_on_loopback_only(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+TWO_RANK_JOB = """
+[job]
+name = "loopback"
+[job.stop]
+wall_s = 120
+[env]
+id = "CartPole-v1"
+envs_per_collector = 4
+[algorithm]
+name = "ppo"
+rollout_len = 32
+[topology]
+collectors = 2
+learner_procs = 2
+[logging]
+checkpoint_interval_s = 1.0
+"""
+# Run inside a network, UTS and mount namespace of its own where the host name resolves to 10.99.0.1 on a veth:
+# the job runs, and what its processes listen on once every process runs is printed as JSON.
+IN_NAMESPACE = """
+import json, os, subprocess, sys, uuid
+sys.path.insert(0, sys.argv[1])
+from conftest import marked_processes, read_state, wait_for
+from test_security import _listening
+job, runs = sys.argv[2], sys.argv[3]
+mark = uuid.uuid4().hex
+proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", job, "--runs-dir", runs], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, env={**os.environ, "RLCTL_TEST_MARK": mark})
+try:
+    run_dir = wait_for(lambda: os.path.isdir(runs) and next(iter(os.scandir(runs)), None), 30, what="run dir").path
+    from pathlib import Path
+    run_dir = Path(run_dir)
+    wait_for(lambda: read_state(run_dir).get("processes")
+             and all(p["state"] == "running" for p in read_state(run_dir)["processes"])
+             and (run_dir / "checkpoints" / "latest.pt").exists(), 90, what="every process running")
+    print(json.dumps(_listening(set(marked_processes(mark)) | {proc.pid})))
+finally:
+    proc.terminate()
+    proc.wait(timeout=60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(b) for b in ("ss", "ip", "unshare")),
+                    reason="needs root, iproute2 and util-linux (namespaces)")
+def test_an_all_local_job_listens_on_loopback_even_where_the_host_name_does_not(tmp_path):
+    """Issue 28 (8): with the host name resolving to a routable address, gloo's listeners of a two-rank learner
+    stay on loopback like every other socket of an all-local job."""
+    job = tmp_path / "loopback.toml"
+    job.write_text(TWO_RANK_JOB)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.99.0.1 node-a\n")
+    setup = ("ip link set lo up && ip link add v0 type veth peer name v1 && ip addr add 10.99.0.1/24 dev v0 && "
+             "ip link set v0 up && ip link set v1 up && hostname node-a && mount --bind \"$1\" /etc/hosts && "
+             "shift && exec \"$@\"")
+    tests = str(Path(__file__).resolve().parent)
+    proc = subprocess.run(["unshare", "--net", "--uts", "--mount", "sh", "-c", setup, "sh", str(hosts), sys.executable,
+                           "-c", IN_NAMESPACE, tests, str(job), str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listening = json.loads(proc.stdout.splitlines()[-1])
+    # The supervisor's control socket, the store, two gloo listeners, weights and two rollout ports at least.
+    assert len(listening) >= 7, listening
+    assert all(addr.startswith("127.") for addr in listening), listening
 
 
 def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path):
