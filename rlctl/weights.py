@@ -47,7 +47,9 @@ def _open_board(path: str, writable: bool) -> int:
     """The board file's descriptor. The writer creates it exclusively (mode 0600, never through a symlink) or
     reuses one its own killed predecessor left (no O_TRUNC: readers that mapped it would fault on pages past a
     truncated end); readers open only a regular file of their own user that nobody else may write."""
-    nofollow = os.O_NOFOLLOW  # a symlink planted at the name is refused (ELOOP), never followed
+    # A symlink planted at the name is refused (ELOOP), never followed; O_NONBLOCK: a FIFO planted there would block
+    # open() until someone wrote to it, before the check below could refuse it (no effect on a regular file).
+    nofollow = os.O_NOFOLLOW | os.O_NONBLOCK
     if writable:
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o600)

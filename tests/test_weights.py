@@ -189,6 +189,33 @@ def test_a_symlink_planted_at_the_board_s_name_is_refused_and_its_target_untouch
     assert target.read_bytes() == b"keep me"
 
 
+def test_a_fifo_planted_at_the_board_s_name_is_refused_at_once(tmp_path):
+    """Issue 28 (9): opening a FIFO blocks until a writer comes; the board is opened without blocking and refused."""
+    import os
+    import threading
+
+    board = tmp_path / "board"
+    os.mkfifo(board, 0o600)
+    outcome = []
+
+    def try_open():
+        for make in (WeightBoard.open, WeightBoard.create):
+            try:
+                make(str(board), 5)
+                outcome.append("opened")
+            except PermissionError:
+                outcome.append("refused")
+
+    opener = threading.Thread(target=try_open, daemon=True)
+    opener.start()
+    opener.join(5)
+    blocked = opener.is_alive()
+    if blocked:  # unblock it (a writer end) so the test process can end
+        os.close(os.open(board, os.O_WRONLY | os.O_NONBLOCK))
+        opener.join(5)
+    assert not blocked and outcome == ["refused", "refused"]
+
+
 @pytest.mark.parametrize("mode,owner", [(0o666, None), (0o644, None), (0o600, 65534)])
 def test_a_board_file_others_could_write_or_own_is_neither_reused_nor_mapped(tmp_path, mode, owner):
     import os
