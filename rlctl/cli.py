@@ -200,9 +200,9 @@ def run(job_file: Optional[Path] = typer.Argument(
     from rlctl.spec import dumps_toml, host_secrets, resolved_dict
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
-    rundir = None
+    rundir = lock = None
     if resume:
-        rundir, spec, resumed = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
+        rundir, spec, resumed, lock = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
     elif slurm_run_dir is not None:
         rundir, resumed = RunDir(slurm_run_dir.resolve()), None
         spec = _load(rundir.job_toml)
@@ -228,18 +228,20 @@ def run(job_file: Optional[Path] = typer.Argument(
                                    board_token=token, control_address=control_address))
     if rundir is None:
         rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
-    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
+    rundir.write_job(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
     secrets_of_hosts = host_secrets(spec)
     if secrets_of_hosts:
         rundir.write_secrets(secrets_of_hosts)
     p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
                   board_token=token, control_address=control_address)
-    rundir.plan_json.write_text(p.to_json())
+    rundir.write_plan(p.to_json())
     slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
                         "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
                         "hosts": [h["name"] for h in p.hosts], **({"resumed": resumed} if resumed else {}),
                         **({"slurm_job_id": slurm_job} if slurm_job else {})})
+    if lock is not None:
+        lock.release()
     if detach:
         out = open(rundir.path / "supervisor.out", "ab")
         subprocess.Popen([sys.executable, "-m", "rlctl.supervise", str(rundir.path)], stdin=subprocess.DEVNULL,
@@ -307,7 +309,7 @@ def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict)
         raise _bad_input("rlctl: --sbatch: hosts[].env is not used with Slurm")
     rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
     script = _sbatch_script(spec, str(rundir.path), nodes, options)
-    rundir.job_toml.write_text(dumps_toml(resolved_dict(spec)))
+    rundir.write_job(dumps_toml(resolved_dict(spec)))
     (rundir.path / "sbatch.sh").write_text(script)
     try:
         job_id = submit(script)
@@ -329,9 +331,14 @@ def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict)
 def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
     """(run dir, job, what the next segment continues from) for `run --resume`; exit 2 naming what is refused."""
     from rlctl.resume import ResumeRefused, job_for_resume, parse_until, previous_segment
+    from rlctl.rundir import RunBusy
     from rlctl.spec import JobFileError, with_host_secrets
 
     rundir = _resolve(runs_dir, run)
+    try:
+        lock = rundir.lock()  # until its state says "created": a second resume then finds the run taken
+    except RunBusy as exc:
+        raise _bad_input(f"rlctl run --resume: {exc}") from None
     try:
         resumed = previous_segment(rundir)
         old = with_host_secrets(_load(rundir.job_toml), rundir.read_secrets())
@@ -343,7 +350,7 @@ def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[
         raise _bad_input(exc.render()) from None
     print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
           file=sys.stderr)
-    return rundir, spec, resumed
+    return rundir, spec, resumed, lock
 
 
 def _cores_text(proc, hosts: list[dict]) -> str:
@@ -469,9 +476,21 @@ def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--foll
 def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--timeout", min=0, help="Seconds to wait."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
-    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board, same_process
+    from rlctl.rundir import RunBusy
 
     rd = _resolve(runs_dir, run)
+    try:
+        lock = rd.lock()
+    except RunBusy as exc:
+        raise _bad_input(f"rlctl stop: {exc}") from None
+    with lock:  # a resume does not start in the middle of a stop
+        _stop_run(rd, timeout)
+
+
+def _stop_run(rd, timeout: float) -> None:
+    """`rlctl stop` of one run, its lock held."""
+    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board, same_process
+
     state = rd.read_state() or {}
     status_now = rd.effective_status(state)
     if status_now in TERMINAL_STATES:

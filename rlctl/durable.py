@@ -42,11 +42,13 @@ def fsync_directory(directory: Path) -> None:
 
 def replace_file(path: str | Path, write: Callable[[BinaryIO], None], link_also: Path | None = None) -> Path:
     """Write `path` durably through `write(file)`; also hard-link the same bytes as `link_also` (a numbered copy).
-    On any error the temporary file is removed and the previous `path` stays as it was."""
+    On any error the temporary file is removed and the previous `path` stays as it was. The file is private (0600)
+    whatever the umask: everything written this way belongs to a run."""
     path = Path(path)
     tmp = temporary_for(path)
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -10,6 +10,7 @@ This module is on the fast CLI path (`rlctl status/logs/stop`): standard library
 
 from __future__ import annotations
 
+import fcntl
 import heapq
 import json
 import os
@@ -32,6 +33,7 @@ _ID_TIME_FORMAT = "%Y%m%d-%H%M%S"
 _ID_TIME_RE = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _LOG_NAME_RE = re.compile(r"^(?P<role>.+)-(?P<rank>\d+)$")
+RUN_LOCK_WAIT_S = 5.0  # how long a command waits for another one changing the same run before it gives up
 _FOLLOW_CHUNK = 8 << 20  # bytes read per file per round, so a huge backlog cannot blow up memory
 
 LogEntry = tuple[float, str, str]  # (timestamp, source such as "collector-0", text)
@@ -39,6 +41,42 @@ LogEntry = tuple[float, str, str]  # (timestamp, source such as "collector-0", t
 
 class RunNotFound(Exception):
     """No run (or no unique run) matches what the user asked for."""
+
+
+class RunBusy(Exception):
+    """Another rlctl command holds the run directory's lock."""
+
+
+class RunLock:
+    """The lock of one run directory (flock of its `.lock`), held by a command that decides from the run's files and
+    then rewrites them (`run --resume`, `stop` of a lost run): two such commands never interleave. The system drops
+    it when the holder exits, however it ends."""
+
+    def __init__(self, directory: Path, wait_s: float = RUN_LOCK_WAIT_S):
+        self.fd: int | None = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self.release()
+                    raise RunBusy(f"another rlctl command is changing run {directory.name} (waited {wait_s:g}s); "
+                                  "try again once it is done") from None
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        """Let the next command in."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def runs_root(runs_dir: str | Path | None = None) -> Path:
@@ -84,12 +122,9 @@ def process_start_time(pid: int | None) -> int | None:
 
 
 def same_process(pid: int | None, start_time: object) -> bool:
-    """True while `pid` is alive and (where a start time was recorded) still the process that was recorded."""
-    if not pid_alive(pid):
-        return False
-    if not isinstance(start_time, int):
-        return True  # recorded by an rlctl that kept no start times
-    return process_start_time(pid) == start_time
+    """True while `pid` is alive and still the process recorded with `start_time`. Without a start time nothing
+    says it is (a state.json planted, or written by hand): False, so that no command signals it."""
+    return pid_alive(pid) and isinstance(start_time, int) and process_start_time(pid) == start_time
 
 
 def group_alive(pgid: int) -> bool:
@@ -207,6 +242,10 @@ class RunDir:
             return rundir
         raise FileExistsError(f"could not find a free run id for {base!r} in {root}")
 
+    def lock(self, wait_s: float = RUN_LOCK_WAIT_S) -> RunLock:
+        """This run's lock (RunBusy if another command keeps it past `wait_s`)."""
+        return RunLock(self.path, wait_s)
+
     def read_state(self) -> dict | None:
         """The run's state.json, or None if missing or unreadable (never raises)."""
         return _read_json(self.state_json)
@@ -217,9 +256,15 @@ class RunDir:
 
     def write_secrets(self, secrets: dict) -> None:
         """Keep the host secrets apart from job.toml, readable by the owner only."""
-        fd = os.open(self.secrets_json, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(secrets, f)
+        replace_bytes(self.secrets_json, json.dumps(secrets).encode())
+
+    def write_job(self, text: str) -> None:
+        """job.toml, durably (a resume rewrites it: a kill midway leaves the old one whole)."""
+        replace_bytes(self.job_toml, text.encode())
+
+    def write_plan(self, text: str) -> None:
+        """plan.json, durably."""
+        replace_bytes(self.plan_json, text.encode())
 
     def read_plan(self) -> dict | None:
         """The run's plan.json, or None if missing or unreadable (never raises)."""

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl import console, rundir
-from rlctl.rundir import RunDir, RunNotFound
+from rlctl.rundir import RunDir, RunNotFound, process_start_time
+
+OWN_START = process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_764_453_671.0  # a fixed epoch time for reproducible log timestamps
@@ -46,7 +48,7 @@ def dead_pid() -> int:
 def make_run(root: Path, job: str = "apex-cartpole", **state) -> RunDir:
     run = RunDir.create(root, job)
     base = {"run_id": run.run_id, "job": job, "algorithm": "apex", "status": "running",
-            "supervisor_pid": os.getpid(), "started_at": time.time()}
+            "supervisor_pid": os.getpid(), "supervisor_start": OWN_START, "started_at": time.time()}
     run.write_state({**base, **state})
     return run
 
@@ -106,8 +108,10 @@ def test_corrupt_state_reads_as_none(tmp_path):
 
 def test_effective_status_detects_lost(tmp_path):
     run = RunDir.create(tmp_path, "job")
-    run.write_state({"status": "running", "supervisor_pid": os.getpid()})
+    run.write_state({"status": "running", "supervisor_pid": os.getpid(), "supervisor_start": OWN_START})
     assert run.effective_status() == "running"
+    run.write_state({"status": "running", "supervisor_pid": os.getpid()})
+    assert run.effective_status() == "lost"  # no start time: nothing says the pid is still the supervisor
     run.write_state({"status": "running", "supervisor_pid": dead_pid()})
     assert run.effective_status() == "lost"
     run.write_state({"status": "finished", "supervisor_pid": dead_pid()})
@@ -240,7 +244,7 @@ def test_formatters_never_raise(x):
 
 
 def test_progress_line_full_and_sparse():
-    state = {"status": "running", "started_at": 100.0, "supervisor_pid": os.getpid(),
+    state = {"status": "running", "started_at": 100.0, "supervisor_pid": os.getpid(), "supervisor_start": OWN_START,
              "metrics": {"charts/env_steps": 123456, "charts/env_steps_per_s": 20000.0,
                          "charts/episode_return_mean": 210.5, "eval/return_mean": 480.1,
                          "learner/updates_per_s": 900.0}}
@@ -373,7 +377,8 @@ def _busy_state(remote: bool) -> dict:
         p.update(host=hosts[int(p["role"] == "collector")], pid=120000 + i, state="running", restarts=i % 3,
                  last_heartbeat=T0 - 0.4, remote=remote)
     return {"run_id": "apex-cartpole-hosts-20261201-213332", "job": "apex-cartpole-hosts", "algorithm": "apex",
-            "status": "running", "supervisor_pid": os.getpid(), "started_at": T0 - 85.0, "processes": procs,
+            "status": "running", "supervisor_pid": os.getpid(), "supervisor_start": OWN_START, "started_at": T0 - 85.0,
+            "processes": procs,
             "stop": {"eval_return": 475.0, "eval_rounds": 3, "env_steps": 300_000, "wall_s": 600.0,
                      "train_return": None, "train_return_window": 20},
             "metrics": {"charts/env_steps": 169_199, "charts/env_steps_per_s": 2012.0,
@@ -457,3 +462,45 @@ def test_a_progress_bar_shows_100_percent_exactly_when_its_criterion_stops_the_r
     job = validate_job({"job": {"name": "t", "stop": stop}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})
     reason = StopCriteria(job, started=0.0).reached(metrics, seen, elapsed)
     assert reason == next((p.reason for p in rows if p.met), None)
+
+
+def test_run_files_are_written_private_and_whole_whatever_the_umask(tmp_path):
+    """Issue 28 (9): `rlctl stop` of a lost run wrote state.json 0644 under umask 022; job.toml, plan.json and
+    secrets.json were rewritten in place on resume. Every one now goes through the durable writer, mode 0600."""
+    run = RunDir.create(tmp_path, "job")
+    old = os.umask(0o022)
+    try:
+        run.write_state({"status": "running", "supervisor_pid": dead_pid()})
+        run.write_job("[job]\nname = 'job'\n")
+        run.write_plan("{}")
+        run.write_secrets({"h": {"TOKEN": "s3cret"}})
+        env = {**os.environ, "RLCTL_RUNS_DIR": str(tmp_path)}
+        proc = subprocess.run([sys.executable, "-m", "rlctl", "stop", run.run_id], capture_output=True, text=True,
+                              env=env, timeout=60)
+    finally:
+        os.umask(old)
+    assert proc.returncode == 0, proc.stderr
+    assert run.read_state()["status"] == "stopped"
+    for path in (run.state_json, run.job_toml, run.plan_json, run.secrets_json):
+        assert (path.stat().st_mode & 0o777) == 0o600, (path, oct(path.stat().st_mode))
+    assert not list(run.path.glob(".*.tmp"))
+    assert run.read_secrets() == {"h": {"TOKEN": "s3cret"}}
+
+
+def test_commands_that_rewrite_a_run_take_its_lock_in_turn(tmp_path):
+    """Issue 28 (9): two `--resume` calls could both pass the liveness check (the loser wrote `failed` into the live
+    run). A command that rewrites a run's files holds the run's lock: a second one waits for it, and gives up with
+    exit 2 if it is held too long."""
+    run = RunDir.create(tmp_path, "job")
+    run.write_state({"status": "running", "supervisor_pid": dead_pid(), "processes": []})
+    env = {**os.environ, "RLCTL_RUNS_DIR": str(tmp_path)}
+    with run.lock():
+        resume = subprocess.run([sys.executable, "-m", "rlctl", "run", "--resume", run.run_id], capture_output=True,
+                                text=True, env=env, timeout=60)
+        stop = subprocess.Popen([sys.executable, "-m", "rlctl", "stop", run.run_id], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        time.sleep(2.0)
+        assert stop.poll() is None and run.read_state()["status"] == "running", "stop went ahead of the lock"
+    out, err = stop.communicate(timeout=60)
+    assert resume.returncode == 2 and "another rlctl command is changing run" in resume.stderr, resume.stderr
+    assert stop.returncode == 0 and run.read_state()["status"] == "stopped", err

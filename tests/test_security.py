@@ -120,9 +120,11 @@ def test_an_all_local_job_listens_on_loopback_even_where_the_host_name_does_not(
     assert all(addr.startswith("127.") for addr in listening), listening
 
 
-def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path):
+@pytest.mark.parametrize("recorded", ["other start times", "no start times"])
+def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path, recorded):
     """state.json names pids whose processes are gone and whose numbers now belong to others (simulated: live
-    processes with other start times): `status` says lost, `stop` signals none of them."""
+    processes with other start times): `status` says lost, `stop` signals none of them. Nor does it signal pids of a
+    planted state.json that records no start times (issue 28, item 9): it cannot tell they are the run's."""
     import json
 
     from conftest import run_cli
@@ -132,11 +134,12 @@ def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path):
     try:
         run_dir = tmp_path / "runs" / "reused-20260101-000000"
         run_dir.mkdir(parents=True)
+        starts = [process_start_time(p.pid) + 1 if recorded == "other start times" else None for p in others]
         (run_dir / "state.json").write_text(json.dumps({
             "run_id": run_dir.name, "status": "running", "supervisor_pid": others[0].pid,
-            "supervisor_start": process_start_time(others[0].pid) + 1,
+            "supervisor_start": starts[0],
             "processes": [{"name": "collector-0", "role": "collector", "pid": others[1].pid, "pgid": others[1].pid,
-                           "start_time": process_start_time(others[1].pid) + 1, "state": "running"}]}))
+                           "start_time": starts[1], "state": "running"}]}))
         env = {"RLCTL_RUNS_DIR": str(tmp_path / "runs")}
         status = json.loads(run_cli(["status", run_dir.name, "--json"], env=env).stdout)
         assert status["status"] == "lost"
