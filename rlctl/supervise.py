@@ -48,6 +48,7 @@ SESSION_LOGIN_TIMEOUT_S = 15.0  # a session silent this long no longer holds bac
 STOP_GRACE_S = 20.0
 BINDING_ROLES = frozenset({"learner", "replay", "inference"})  # processes that bind sockets, and so hold the server secret
 MAX_BACKOFF_S = 30.0
+RANK_RESTART_GRACE_S = 60.0  # after hung ranks were killed: how long torchrun may take to start new ones
 LOG_TAIL_LINES = 20
 RATE_KEYS = {  # the one figure shown per process in the live table
     "collector": (M.ENV_STEPS_PER_S, "env steps/s"),
@@ -56,6 +57,12 @@ RATE_KEYS = {  # the one figure shown per process in the live table
     "evaluator": (M.EVAL_RETURN_MEAN, "eval return"),
     "inference": (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
 }
+
+
+def agent_killed(code: int | None) -> bool:
+    """Whether a learner node's exit code says its torchrun agent was killed (a signal, locally or as a shell
+    reports it, or the SSH session lost), rather than torchrun giving up on ranks that kept failing (code 1)."""
+    return code is not None and (code < 0 or code >= 128)
 
 
 class ProcState(str, enum.Enum):
@@ -123,6 +130,8 @@ class ProcessHandle:
     start_at: float | None = None  # a restart waiting out its backoff
     note: str | None = None  # why it was last restarted or killed, for `rlctl status`
     rank_pids: dict = field(default_factory=dict)  # learner: torchrun rank -> pid (a hung rank is killed by pid)
+    ranks_killed_at: float | None = None  # learner: hung ranks were killed then; torchrun is restarting them
+    killed_ranks: set = field(default_factory=set)  # their pids: a message of theirs still queued is no new rank
     start_time: int | None = None  # the group leader's start time (rundir.process_start_time), against pid reuse
 
     def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"",
@@ -229,11 +238,10 @@ class Supervisor:
         # Every process gets a client key pair of its own, and the server secret only if it binds a socket; servers
         # admit exactly these keys, and a control message counts only from the process its key was given to.
         pairs = {p.name: zmq.curve_keypair() for p in plan.processes}
-        allowed = (keys.client_public, *(cp for cp, _ in pairs.values()))
-        self.keys = dataclasses.replace(keys, allowed=allowed)
-        self.process_keys = {p.name: keys.for_process(pairs[p.name], p.role in BINDING_ROLES, allowed)
+        owners = {keys.client_public: "supervisor", **{cp: name for name, (cp, _) in pairs.items()}}
+        self.keys = dataclasses.replace(keys, allowed=tuple(owners), owners=tuple(owners.values()))
+        self.process_keys = {p.name: keys.for_process(pairs[p.name], p.role in BINDING_ROLES, owners)
                              for p in plan.processes}
-        self.key_owner = {cp.decode(): name for name, (cp, _) in pairs.items()}
         self.display = display  # callable(state) for the live table / progress line, or None
         self.handles = [ProcessHandle(p) for p in plan.processes]
         self.by_name = {h.spec.name: h for h in self.handles}
@@ -255,6 +263,7 @@ class Supervisor:
         self.ended_at: float | None = None
         self.stop_signals = 0
         self.control: zmq.Socket | None = None
+        self.net: wire.SecureContext | None = None
         self.control_dropped = 0
         self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
         self.job_text = rundir.job_toml.read_text() if any(p.remote for p in plan.processes) else ""
@@ -276,8 +285,7 @@ class Supervisor:
     # -- state ---------------------------------------------------------------
     def state(self) -> dict:
         """The state.json document."""
-        metrics = self.hub.snapshot()
-        metrics[M.NET_DROPPED] = metrics.get(M.NET_DROPPED, 0) + self.control_dropped
+        metrics = self._metrics()
         return {
             "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
             "status": self.status, "supervisor_pid": os.getpid(), "supervisor_start": self.own_start,
@@ -326,7 +334,7 @@ class Supervisor:
         """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         remove_temporaries(self.rundir.path)  # what a killed supervisor was writing
-        net = wire.SecureContext(self.keys)
+        net = self.net = wire.SecureContext(self.keys)
         tb: TensorBoardWriter | None = None
         try:
             self.control = net.server(zmq.ROUTER, str(self.plan.endpoints["control"]), rcvhwm=10000)
@@ -548,13 +556,14 @@ class Supervisor:
             handle = self.by_name.get(msg.sender)
         if handle is None:
             raise ControlError(f"no process {msg.sender} in the plan")
-        if self.key_owner.get(peer or "") != handle.spec.name:  # a sender is who CURVE says, not what it claims
-            raise ControlError(f"{msg.sender} sent with the key of {self.key_owner.get(peer or '', 'nobody')}")
+        owner = self.keys.owner(peer)
+        if owner != handle.spec.name:  # a sender is who CURVE says, not what it claims
+            raise ControlError(f"{msg.sender} sent with the key of {owner or 'nobody'}")
         self.identities[msg.sender] = identity
         handle.last_heartbeat = time.time()
         if handle.state == ProcState.STARTING:
             handle.state = ProcState.RUNNING
-        if msg.role == "learner" and msg.pid is not None:
+        if msg.role == "learner" and msg.pid is not None and msg.pid not in handle.killed_ranks:
             handle.rank_pids[msg.rank] = msg.pid
         if msg.kind != "heartbeat":
             return
@@ -594,7 +603,7 @@ class Supervisor:
                 continue
             h.state = ProcState.FAILED
             topo = self.spec.topology
-            why = ("is restarted by torchrun only" if h.spec.critical else
+            why = ("torchrun gave up restarting its ranks" if h.spec.critical and not agent_killed(code) else
                    f"exceeded {topo.max_restarts} restarts within {topo.restart_window_s:g}s")
             self.status = "failed"
             self.exit_reason = f"{h.spec.name} exited with code {code} ({why})"
@@ -639,7 +648,7 @@ class Supervisor:
         topo, now = self.spec.topology, time.time()
         while h.restart_times and now - h.restart_times[0] > topo.restart_window_s:
             h.restart_times.popleft()
-        if h.spec.critical or len(h.restart_times) >= topo.max_restarts:
+        if (h.spec.critical and not agent_killed(h.exit_code)) or len(h.restart_times) >= topo.max_restarts:
             return False
         delay = min(topo.restart_backoff_s * 2 ** len(h.restart_times), MAX_BACKOFF_S)
         if not (h.note or "").startswith("hung") or h.exit_code not in (-signal.SIGKILL, 128 + signal.SIGKILL):
@@ -648,7 +657,29 @@ class Supervisor:
         h.restarts += 1
         h.state, h.start_at = ProcState.RESTARTING, now + delay
         self.hub.on_restart(h.spec.name)
+        if h.spec.critical:
+            self._restart_learner_nodes(h)
         return True
+
+    def _restart_learner_nodes(self, dead: ProcessHandle) -> None:
+        """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the
+        ports), and so do the other learner nodes, which start again with it (a static rendezvous is joined by
+        every node at once); all continue from the newest checkpoint."""
+        dead.rank_pids.clear()
+        dead.killed_ranks.clear()
+        dead.ranks_killed_at = None
+        dead.signal_group(signal.SIGKILL)
+        for h in self.handles:
+            if h.spec.critical and h is not dead and h.state in (ProcState.STARTING, ProcState.RUNNING):
+                h.signal_group(signal.SIGKILL)
+                if h.popen is not None and not h.spec.remote:
+                    h.popen.wait()
+                h.note = f"restarted with {dead.spec.name} at {time.strftime('%H:%M:%S')}"
+                h.rank_pids.clear()
+                h.killed_ranks.clear()
+                h.ranks_killed_at = None
+                h.restarts += 1
+                h.state, h.start_at = ProcState.RESTARTING, dead.start_at
 
     def _start_due(self, now: float) -> None:
         """Start the restarts whose backoff has passed."""
@@ -662,6 +693,20 @@ class Supervisor:
         learner's ranks are killed by pid and torchrun restarts them)."""
         timeout = self.spec.logging.heartbeat_timeout_s
         for h in self.handles:
+            if h.ranks_killed_at is not None:
+                # torchrun is restarting the ranks killed below (importing, rendezvous, checkpoint: ~10 s): their
+                # first hello ends the wait; only a restart that never comes kills the agent (then it is restarted).
+                if h.rank_pids:  # a new rank said hello
+                    h.ranks_killed_at = None
+                    h.killed_ranks.clear()
+                elif now - h.ranks_killed_at <= max(RANK_RESTART_GRACE_S, 3 * timeout):
+                    continue
+                else:
+                    h.ranks_killed_at = None
+                    h.note = f"hung: torchrun did not restart its ranks; killed at {time.strftime('%H:%M:%S')}"
+                    print(f"rlctl: {h.spec.name} {h.note}", file=sys.stderr, flush=True)
+                    h.signal_group(signal.SIGKILL)
+                    continue
             if h.state != ProcState.RUNNING or h.last_heartbeat is None or now - h.last_heartbeat <= timeout:
                 continue
             h.note = f"hung: no heartbeat for {now - h.last_heartbeat:.0f}s; killed at {time.strftime('%H:%M:%S')}"
@@ -674,7 +719,9 @@ class Supervisor:
                         os.kill(pid, signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
+                h.killed_ranks.update(h.rank_pids.values())
                 h.rank_pids.clear()
+                h.ranks_killed_at = now
             else:
                 h.signal_group(signal.SIGKILL)
 
@@ -696,8 +743,16 @@ class Supervisor:
                 and not self.spec.algo.synchronous
                 and any(o.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
+    def _metrics(self) -> dict:
+        """The run's figures: the processes' (the hub's), with what the supervisor's own control socket dropped and
+        refused added to theirs."""
+        metrics = self.hub.snapshot()
+        metrics[M.NET_DROPPED] = metrics.get(M.NET_DROPPED, 0) + self.control_dropped
+        metrics[M.NET_REFUSED] = metrics.get(M.NET_REFUSED, 0) + (self.net.refused if self.net is not None else 0)
+        return metrics
+
     def _write_tb(self, tb: TensorBoardWriter) -> None:
-        snap = self.hub.snapshot()
+        snap = self._metrics()
         step = int(snap.get(M.ENV_STEPS, 0))
         episodes = self.hub.drain_episodes()
         values = {k: v for k, v in snap.items() if isinstance(v, (int, float))}

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -165,47 +167,92 @@ def receive_waiting(sock: zmq.Socket, routed: bool = False):
             yield [], None
 
 
+ANY_MEMBER = "*"  # the owner of keys made by CurveKeys.generate() (benches, tests): it may speak for any member
+
+
 @dataclass(frozen=True)
 class CurveKeys:
     """One process's CURVE keys: the job's server public key, the server secret only where the process binds a
-    socket, its own client key pair, and (where it binds) the client public keys it admits (every process's)."""
+    socket, its own client key pair, and (where it binds) the client public keys it admits (every process's), with
+    the name of the process each was given to (`owners`, in the same order)."""
 
     server_public: bytes
     server_secret: bytes
     client_public: bytes
     client_secret: bytes
     allowed: tuple[bytes, ...] = ()
+    owners: tuple[str, ...] = ()
 
     @classmethod
     def generate(cls) -> "CurveKeys":
-        """Fresh keys for one process that both binds and connects (tests, benches; the supervisor itself)."""
+        """Fresh keys for one process that both binds and connects (tests, benches): its one client key may send
+        as any member."""
         sp, ss = zmq.curve_keypair()
         cp, cs = zmq.curve_keypair()
-        return cls(sp, ss, cp, cs, (cp,))
+        return cls(sp, ss, cp, cs, (cp,), (ANY_MEMBER,))
 
-    def for_process(self, pair: tuple[bytes, bytes], binds: bool, allowed: tuple[bytes, ...]) -> "CurveKeys":
+    def for_process(self, pair: tuple[bytes, bytes], binds: bool, owners: dict[bytes, str]) -> "CurveKeys":
         """Keys for one process of this job: its own client `pair`; the server secret and the admitted client keys
-        only if it `binds` a socket."""
-        return CurveKeys(self.server_public, self.server_secret if binds else b"", *pair, allowed if binds else ())
+        (public key -> owning process) only if it `binds` a socket."""
+        if not binds:
+            return CurveKeys(self.server_public, b"", *pair)
+        return CurveKeys(self.server_public, self.server_secret, *pair, tuple(owners), tuple(owners.values()))
+
+    def owner(self, peer: str | None) -> str | None:
+        """The process a client key (z85, as CURVE authenticated it) was given to; None for any other key."""
+        return self._owner_of.get(peer or "")
+
+    @cached_property
+    def _owner_of(self) -> dict[str, str]:
+        return {k.decode(): name for k, name in zip(self.allowed, self.owners)}
 
     def to_env(self) -> str:
-        """One string for the child's environment (never its command line). z85 has no ',' and no ' '."""
+        """One string for the child's environment (never its command line). z85 has no ',' and no ' '; a process
+        name follows its 40-character key."""
         head = ",".join(k.decode() for k in (self.server_public, self.server_secret, self.client_public,
                                              self.client_secret))
-        return head + "," + " ".join(k.decode() for k in self.allowed)
+        return head + "," + " ".join(k.decode() + name for k, name in zip(self.allowed, self.owners))
 
     @classmethod
     def from_env(cls, value: str | None = None) -> "CurveKeys":
         """Keys from $RLCTL_CURVE_KEYS."""
         value = value if value is not None else os.environ.get(KEYS_ENV, "")
         parts = value.split(",")
-        if len(parts) == 4:  # an older form: one client pair for the whole job
-            parts.append(parts[2])
         ok = len(parts) == 5 and all(len(p) == 40 for p in (parts[0], parts[2], parts[3])) and len(parts[1]) in (0, 40)
-        allowed = tuple(k.encode() for k in parts[4].split()) if ok else ()
-        if not ok or not all(len(k) == 40 for k in allowed):
+        entries = parts[4].split() if ok else []
+        if not ok or not all(len(e) > 40 for e in entries):
             raise RuntimeError(f"${KEYS_ENV} is missing or malformed: this process must be started by `rlctl run`")
-        return cls(*(p.encode() for p in parts[:4]), allowed)
+        return cls(*(p.encode() for p in parts[:4]), tuple(e[:40].encode() for e in entries),
+                   tuple(e[40:] for e in entries))
+
+
+# How a role admitted to a server socket may name the sender in a message's header (Admission).
+OWN_NAME = "own name"  # only as the process its key was given to
+ANY_COLLECTOR = "any collector"  # as any collector (an inference server sends its collectors' experience)
+ANY_RANK = "any rank"
+COLLECTOR_NAME = re.compile(r"collector-(0|[1-9][0-9]{0,8})")  # ASCII digits, as the plan names them  # any name: a learner node's ranks share its torchrun agent's key; nothing routes by it
+
+
+class Admission:
+    """Who may send on one server socket: the roles admitted, and the sender every message is taken to come from,
+    which is the process its CURVE key was given to, never the header's claim (headers that disagree are refused)."""
+
+    def __init__(self, keys: CurveKeys, **roles: str):
+        self.keys, self.roles = keys, roles
+
+    def admits(self, msg: Message) -> bool:
+        """True when `msg`'s key belongs to an admitted role and its header names a sender that key may use."""
+        owner = self.keys.owner(msg.peer)
+        if owner is None:
+            return False
+        if owner == ANY_MEMBER:
+            return True
+        rule = self.roles.get(owner.rpartition("-")[0])
+        if rule == OWN_NAME:
+            return msg.sender == owner
+        if rule == ANY_COLLECTOR:
+            return COLLECTOR_NAME.fullmatch(msg.sender) is not None
+        return rule == ANY_RANK
 
 
 class ClientKeyCheck:

@@ -119,6 +119,44 @@ def test_a_killed_learner_rank_restarts_from_its_checkpoint_and_the_job_solves(t
     assert state["metrics"]["learner/updates"] > int(resumed[0])
 
 
+def test_a_killed_torchrun_agent_is_restarted_from_the_checkpoint_and_the_job_solves(tmp_path, mark):
+    """Issue 28 (7): SIGKILL of the learner's torchrun agent (not a rank): the supervisor starts the learner again,
+    like any role, and it continues from the newest checkpoint."""
+    runs = tmp_path / "runs"
+    proc = start_run(["run", str(apex_job(tmp_path)), "--runs-dir", str(runs)], mark)
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
+    wait_for(lambda: metric(run_dir, "learner/updates") >= 1500 and (run_dir / "checkpoints/latest.pt").exists(),
+             CAP_S, what="updates and a checkpoint")
+    agent = process_row(run_dir, "learner-0")["pid"]
+    os.kill(agent, signal.SIGKILL)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    state = assert_solved(run_dir)
+    assert process_row(run_dir, "learner-0")["restarts"] == 1 and process_row(run_dir, "learner-0")["pid"] != agent
+    resumed = re.findall(r"continuing from \S+latest\.pt at update (\d+)", log_text(run_dir, "learner-0"))
+    assert resumed and int(resumed[-1]) > 0, log_text(run_dir, "learner-0")[-3000:]
+    assert state["metrics"]["learner/updates"] > int(resumed[-1])
+
+
+def test_a_frozen_learner_rank_is_killed_once_and_the_job_solves(tmp_path, mark):
+    """Issue 28 (7): a SIGSTOPped rank with heartbeat_timeout_s = 5 is killed once; torchrun's restart of it
+    (longer than the timeout) is waited for, not taken for a second hang."""
+    runs = tmp_path / "runs"
+    job = apex_job(tmp_path, logging="heartbeat_timeout_s = 5")
+    proc = start_run(["run", str(job), "--runs-dir", str(runs)], mark)
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
+    wait_for(lambda: metric(run_dir, "learner/updates") >= 1500 and (run_dir / "checkpoints/latest.pt").exists(),
+             CAP_S, what="updates and a checkpoint")
+    agent = process_row(run_dir, "learner-0")["pid"]
+    rank = children(agent)[0]
+    os.kill(rank, signal.SIGSTOP)
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert_solved(run_dir)
+    assert err.count("learner-0 hung") == 1, err
+    assert process_row(run_dir, "learner-0")["pid"] == agent  # torchrun restarted the rank; its agent lived on
+
+
 def test_a_killed_replay_shard_comes_back_with_its_contents_and_the_job_solves(tmp_path, mark):
     runs = tmp_path / "runs"
     proc = start_run(["run", str(apex_job(tmp_path)), "--runs-dir", str(runs)], mark)

@@ -370,3 +370,27 @@ def test_any_header_the_decoder_is_given_raises_nothing_but_wire_error(header, f
         wire.decode([msgpack.packb(header), *frames])
     except wire.WireError:
         pass
+
+
+def test_admission_takes_the_sender_from_the_key_and_admits_roles_only():
+    """Issue 28 (4): the sender is whoever CURVE authenticated; a header naming someone else, a role not admitted to
+    the socket, or a key of no member is refused. Keys keep their owners through the environment."""
+    server = wire.CurveKeys.generate()
+    pairs = {name: zmq.curve_keypair() for name in ("collector-0", "collector-1", "inference-0", "learner-0")}
+    owners = {cp: name for name, (cp, _) in pairs.items()}
+    keys = wire.CurveKeys.from_env(server.for_process(pairs["learner-0"], True, owners).to_env())
+    assert keys.owner(pairs["collector-1"][0].decode()) == "collector-1" and keys.owner("x" * 40) is None
+    pushers = wire.Admission(keys, collector=wire.OWN_NAME, inference=wire.ANY_COLLECTOR)
+    samplers = wire.Admission(keys, learner=wire.ANY_RANK)
+
+    def msg(key_of: str | None, sender: str) -> wire.Message:
+        return wire.Message("x", sender, peer=pairs[key_of][0].decode() if key_of else None)
+
+    assert pushers.admits(msg("collector-1", "collector-1"))
+    assert not pushers.admits(msg("collector-1", "collector-0"))  # speaking as another collector
+    assert pushers.admits(msg("inference-0", "collector-0")) and not pushers.admits(msg("inference-0", "learner-0"))
+    assert not pushers.admits(msg("inference-0", "collector-01")) and not pushers.admits(msg("inference-0", "collector-²"))
+    assert not pushers.admits(msg("learner-0", "learner-0")) and not pushers.admits(msg(None, "collector-0"))
+    assert samplers.admits(msg("learner-0", "learner-3")) and not samplers.admits(msg("collector-0", "learner-0"))
+    # A process that binds nothing holds no admitted keys at all.
+    assert server.for_process(pairs["collector-0"], False, owners).allowed == ()

@@ -126,6 +126,7 @@ class InferenceServer:
         self.weights = WeightSubscriber(self.net, rc.endpoints["weights"], self.model, rc.weight_board)
         n_envs = job.env.envs_per_collector
         self.parse = RequestParser(self.info, n_envs, job.collector_count)
+        self.admission = wire.Admission(rc.keys, collector=wire.OWN_NAME)  # a collector asks for itself only
         obs_frame = n_envs * self.info.obs_bytes
         # Requests queue in ZeroMQ, not in kernel buffers of 64 KB: one step of every collector at most, each.
         self.sock = self.net.server(zmq.ROUTER, rc.binds["inference"], router_mandatory=1, sndhwm=1000,
@@ -154,7 +155,7 @@ class InferenceServer:
     # -- requests ------------------------------------------------------------
     def on_message(self, identity: list, msg: wire.Message | None) -> None:
         """A request: a new session, a repeat (answered again), the next step (recorded, then queued), or junk."""
-        req = self.parse(msg)
+        req = self.parse(msg) if msg is not None and self.admission.admits(msg) else None
         if req is None:
             self.dropped += 1
             return

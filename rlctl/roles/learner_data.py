@@ -172,13 +172,15 @@ class RolloutInbox:
         self.sock = net.server(zmq.PULL, endpoint, rcvhwm=2, rcvbuf=rcvbuf,
                                maxmsgsize=wire.CONTROL_MAXMSGSIZE + frame)
         self.valid = RolloutCheck(layout, n_actions, frame_stack)
+        # Collectors send their own rollouts; an inference server those of its collectors (central inference).
+        self.admission = wire.Admission(net.keys, collector=wire.OWN_NAME, inference=wire.ANY_COLLECTOR)
         self.dropped = 0
 
     def receive(self, limit: int) -> list[wire.Message]:
         """Up to `limit` rollouts that are waiting (the rest stay queued, as backpressure)."""
         out: list[wire.Message] = []
         for _, msg in wire.receive_waiting(self.sock):
-            if msg is None or not self.valid(msg):
+            if msg is None or not self.admission.admits(msg) or not self.valid(msg):
                 self.dropped += 1
             else:
                 out.append(msg)

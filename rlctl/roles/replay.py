@@ -166,6 +166,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                           rcvbuf=wire.experience_buffer_bytes(info.obs_bytes), maxmsgsize=frame)
     smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000,
                           maxmsgsize=wire.CONTROL_MAXMSGSIZE + 16 * MAX_SAMPLE)
+    # Experience comes from collectors (an inference server sends its collectors'); only learners sample.
+    pushers = wire.Admission(rc.keys, collector=wire.OWN_NAME, inference=wire.ANY_COLLECTOR)
+    samplers = wire.Admission(rc.keys, learner=wire.ANY_RANK)
     shard.restore()
     interval = rc.job.replay.snapshot_interval_s
     next_snapshot = time.monotonic() + interval
@@ -180,7 +183,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
         if exp_sock in events:
             for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock), 1):
-                if msg is None:
+                if msg is None or not pushers.admits(msg):
                     shard.dropped += 1
                 else:
                     shard.on_experience(msg)
@@ -188,7 +191,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                     break
         if smp_sock in events:
             for identity, msg in wire.receive_waiting(smp_sock, routed=True):
-                if msg is None:
+                if msg is None or not samplers.admits(msg):
                     shard.dropped += 1
                 else:
                     shard.on_request(identity, msg)
