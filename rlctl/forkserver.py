@@ -30,6 +30,7 @@ import time
 import traceback
 
 from rlctl.rundir import pid_alive
+from rlctl.tether import SUPERVISOR_PID_ENV, tether_to_supervisor
 
 FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay", "rlctl.roles.inference")  # they import torch, gymnasium
 FD_ENV = "RLCTL_FORKSERVER_FD"
@@ -71,7 +72,8 @@ class ForkServer:
     def __init__(self, python: str, env: dict[str, str], output_path: str):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(output_path, "ab") as out:
-            self.proc = subprocess.Popen([python, "-m", "rlctl.forkserver"], env={**env, FD_ENV: str(theirs.fileno())},
+            own = {FD_ENV: str(theirs.fileno()), SUPERVISOR_PID_ENV: str(os.getpid())}  # tethered to its caller
+            self.proc = subprocess.Popen([python, "-m", "rlctl.forkserver"], env={**env, **own},
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         theirs.close()
@@ -184,6 +186,7 @@ def _child(sock: socket.socket, request: dict, out_fd: int) -> None:
         os.close(out_fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        tether_to_supervisor()  # a fork does not inherit it: SIGTERM once this server (so the supervisor) is gone
         # The module's file as __main__ (as torchrun's --run-path): run_module would warn that it is imported already.
         path = importlib.util.find_spec(request["module"]).origin
         sys.argv = [path]
@@ -225,6 +228,7 @@ def serve(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
+    tether_to_supervisor()  # ends with the supervisor even while it imports the roles
     serve(socket.socket(fileno=int(os.environ.pop(FD_ENV))))
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: unloading torch took 0.6 s of every run's stop

@@ -18,8 +18,12 @@ import socket
 import sys
 import threading
 
-import torch
-from torch.distributed.run import parse_args, run
+from rlctl.tether import tether_to_supervisor
+
+tether_to_supervisor()  # before torch's import: the agent ends with its supervisor, and torchrun ends its ranks
+
+import torch  # noqa: E402
+from torch.distributed.run import parse_args, run  # noqa: E402
 
 
 def bind_rendezvous_to_its_address() -> None:

@@ -220,6 +220,19 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     assert len(state["segments"]) == 2
 
 
+def test_a_supervisor_killed_during_start_up_leaves_nothing_running(tmp_path, mark):
+    """Issue 28 (9): killed while its processes still import torch, the supervisor left them running for 8-12 s
+    (each one's watch starts after that import), and a learner could initialise after it was gone."""
+    runs = tmp_path / "runs"
+    proc = start_run(["run", str(apex_job(tmp_path)), "--runs-dir", str(runs)], mark)
+    wait_for(lambda: len(marked_processes(mark)) >= 3, 30, interval=0.01, what="processes starting")
+    proc.kill()
+    proc.wait()
+    killed_at = time.time()
+    wait_for(lambda: not marked_processes(mark), 10, interval=0.05, what="every process of the run to end")
+    assert time.time() - killed_at < 3.0, time.time() - killed_at
+
+
 def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_for_resume(tmp_path, mark):
     from rlctl.checkpoint import load_checkpoint
 

@@ -18,6 +18,7 @@ from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.rundir import pid_alive
 from rlctl.spec import JobSpec, load_job
+from rlctl.tether import SUPERVISOR_PID_ENV
 
 
 @dataclass
@@ -129,7 +130,6 @@ class ControlClient:
         self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})
 
 
-SUPERVISOR_PID_ENV = "RLCTL_SUPERVISOR_PID"  # set by the supervisor for local processes only
 LOG_FILE_ENV = "RLCTL_LOG_FILE"
 ORPHAN_GRACE_S = 4.0  # a process whose supervisor died stops by itself; past this it exits at once
 
