@@ -351,7 +351,10 @@ class Supervisor:
         except Exception as exc:  # a fault of the supervisor itself: the run fails, and shutdown still runs
             self._fail_self(exc)
         finally:
-            if self.status in ("starting", "running"):
+            # A finished run says so only once shutdown is done (final checkpoints written, every process gone):
+            # whoever waits for "finished" may then read the run's files.
+            reached = self.status == "finished"
+            if self.status in ("starting", "running", "finished"):
                 self.status = "stopping"
             self._guarded(self._publish)
             try:
@@ -361,11 +364,11 @@ class Supervisor:
                 self._kill_everything()
             self.ended_at = time.time()
             if self.status == "stopping":
-                self.status = "stopped"
+                self.status = "finished" if reached else "stopped"
             self._guarded(lambda: self._final_tb(tb))
-            self._publish_final()
             if self.forkserver is not None:
                 self.forkserver.close()
+            self._publish_final()
             net.close()
             for s, h in old.items():
                 signal.signal(s, h)

@@ -27,12 +27,15 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    seen, alive_when_finished = [], None
     while proc.poll() is None:
         if runs.exists() and any(runs.iterdir()):
-            status = read_state(only_run(runs)).get("status")
+            current = read_state(only_run(runs))
+            status = current.get("status")
             if status and (not seen or seen[-1] != status):
                 seen.append(status)
+            if status == "finished" and alive_when_finished is None:
+                alive_when_finished = not _all_gone(current)
         time.sleep(0.02)
     out = proc.stdout.read()
     assert proc.returncode == 0, out
@@ -40,7 +43,8 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
     state = read_state(run_dir)
     seen.append(state["status"])
     assert seen[0] in ("created", "starting")
-    assert "running" in seen and seen[-1] == "finished", seen
+    assert "running" in seen and seen[-1] == "finished" and seen[seen.index("finished") - 1] == "stopping", seen
+    assert not alive_when_finished, "state.json said finished while processes of the run were still stopping"
     assert state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
     assert state["metrics"]["charts/env_steps"] > 0 and state["metrics"]["learner/updates"] > 0
     # Every process has a log with its own output, and the resolved job and plan are there.
