@@ -1,6 +1,6 @@
 """Hostile bytes at every socket of training CartPole jobs: nothing crashes, nothing bad is accepted, the jobs solve.
 
-    python bench/fuzz.py [--messages 100000] [--jobs apex,appo] [--cap 300]
+    python bench/fuzz.py [--messages 100000] [--jobs apex,appo] [--cap 300] [--insider]
 
 For each job (jobs/apex.toml: replay shard and control; jobs/appo.toml: the learner's rollout socket and control;
 both: the learner's weights publisher), `rlctl run` starts it and, while it trains, this bench sends its share of
@@ -15,6 +15,14 @@ out-of-range actions, senders like `collector-²` or another process's name, for
 figures that reached state.json (an eval return or env-step count no real process reports). Every experience and
 rollout sent is invalid by construction; the receivers' `net/dropped` is printed beside what was sent (ZeroMQ itself
 refuses some before any role sees them: oversized frames, broken framing). `solved`: every job reached its target.
+
+`--insider` (issue 28) plays one compromised collector host instead: the central-inference jobs (jobs/seed-apex.toml,
+jobs/seed-impala.toml) with collector-1's own keys, read from its environment, at every socket those keys reach
+(control, weights, inference, replay experience and sampling, rollouts), adding well-formed messages that only the
+wrong sender may not send: steps and experience and rollouts as collector-0, `sample` and `priorities` as if a
+learner, arrays shaped `[true]` or `[2**39, 2**39, 0]`, NaN and infinite observations, rewards and priorities. There
+`accepted_bad` also counts every answer a forged request got (a step answered, a batch served to a collector) and a
+final checkpoint with a non-finite weight.
 
 Last line: {"bench": "fuzz", "messages": N, "crashes": 0, "accepted_bad": 0, "solved": true, ...}
 """
@@ -53,9 +61,10 @@ def state(run_dir: Path) -> dict:
         return {}
 
 
-def member_keys(run_dir: Path) -> wire.CurveKeys:
-    """The learner's keys, from its environment (it is started with them; forked processes show the fork server's)."""
-    pid = next(p["pid"] for p in state(run_dir)["processes"] if p["name"] == "learner-0")
+def member_keys(run_dir: Path, name: str = "learner-0") -> wire.CurveKeys:
+    """A process's keys, from its environment (the learner's agent and central collectors are started with them;
+    forked processes show the fork server's)."""
+    pid = next(p["pid"] for p in state(run_dir)["processes"] if p["name"] == name)
     env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     value = next(e.split(b"=", 1)[1] for e in env if e.startswith(wire.KEYS_ENV.encode() + b"="))
     return wire.CurveKeys.from_env(value.decode())
@@ -141,7 +150,93 @@ def control_messages() -> list[tuple[str, str, object]]:
             ("hello", "replay-7", {"pid": -1}), ("stop", "supervisor", {}), ("heartbeat", "x" * 300, [])]
 
 
-def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
+def true_shaped(frames: list[bytes]) -> list[bytes]:
+    """The message with its first array declared `[true]` (bool passes an isinstance int check)."""
+    head = msgpack.unpackb(frames[0], raw=False)
+    head["a"][0][2] = [True]
+    return [msgpack.packb(head), b"\0" * 4, *frames[2:]]
+
+
+def huge_empty(frames: list[bytes]) -> list[bytes]:
+    """The message with its first array declared [2**39, 2**39, 0] and an empty frame: no array numpy can make."""
+    head = msgpack.unpackb(frames[0], raw=False)
+    head["a"][0][2] = [2**39, 2**39, 0]
+    return [msgpack.packb(head), b"", *frames[2:]]
+
+
+def poisoned(arrays: dict, rng: np.random.Generator) -> dict:
+    """`arrays` with NaN and infinities in every float field."""
+    out = {}
+    for k, a in arrays.items():
+        a = np.array(a, copy=True)
+        if a.dtype.kind == "f" and a.size:
+            flat = a.reshape(-1)
+            flat[rng.integers(0, flat.size, 2)] = [np.nan, np.inf]
+        out[k] = a
+    return out
+
+
+def insider_pools(job, rng: np.random.Generator) -> dict[str, list[list[bytes]]]:
+    """Messages collector-1's keys may not get through, per target: well-formed ones from the wrong sender or of the
+    wrong kind, and the structured cases of issue 28."""
+    from rlctl.algos.onpolicy.actor import rollout_layout
+    from rlctl.envs import probe_space_info
+
+    info = probe_space_info(job.env)
+    n_envs = job.env.envs_per_collector
+    step = {"obs": rng.normal(size=(n_envs, *info.obs_shape)).astype(np.float32),
+            "reward": np.ones(n_envs, np.float32), "terminated": np.zeros(n_envs, bool),
+            "truncated": np.zeros(n_envs, bool)}
+    steps = [wire.encode("step", "collector-0", 0, {"token": f"forged-{i}", "seq": 0}, step) for i in range(4)]
+    own_bad = [wire.encode("step", "collector-1", 0, {"token": "x", "seq": 0}, poisoned(step, rng))]
+    pools = {"inference": steps + own_bad + [true_shaped(f) for f in steps[:1]] + [huge_empty(f) for f in steps[:1]]}
+    if job.algo.uses_replay:
+        n = 64
+        item = {k: rng.normal(size=(n, *shape)).astype(dt) for k, (shape, dt) in
+                job.algo.load("actor").item_layout(job, info).items()}
+        item["action"] = rng.integers(0, info.n_actions, n)
+        item["priority"] = np.ones(n, np.float32)
+        forged = wire.encode("experience", "collector-0", 0, None, item)
+        bad = wire.encode("experience", "collector-1", 0, None, poisoned({**item, "priority": np.full(n, 1e30)}, rng))
+        pools["experience"] = [forged, bad, true_shaped(forged), huge_empty(forged)]
+        pools["sample"] = [wire.encode("sample", "learner-0", 0, {"n": 8}),
+                           wire.encode("priorities", "learner-0", 0, None, {"keys": np.arange(8, dtype=np.int64),
+                                                                            "priority": np.full(8, 1e30)})]
+    else:
+        T = job.algorithm.rollout_len
+        rollout = {k: np.zeros((rows, n_envs, *shape), dt) for k, (rows, shape, dt) in rollout_layout(T, info).items()}
+        rollout["valid"][:] = True
+        forged = wire.encode("rollout", "collector-0", 0, None, rollout)
+        bad = wire.encode("rollout", "collector-1", 0, None, poisoned(rollout, rng))
+        pools["rollouts"] = [forged, bad, true_shaped(forged), huge_empty(forged)]
+    pools["control"] = [wire.encode(k, s, 0, m) for k, s, m in control_messages()]
+    pools["control"] += [true_shaped(wire.encode("heartbeat", "collector-1", 0, {}, {"x": np.zeros(1, np.float32)}))]
+    return {k: [[bytes(f) for f in m] for m in v] for k, v in pools.items()}
+
+
+def answers(sock: zmq.Socket) -> int:
+    """Replies waiting on a socket that forged requests went out on (each one an accepted forgery)."""
+    got = 0
+    while sock.poll(0):
+        sock.recv_multipart()
+        got += 1
+    return got
+
+
+def nonfinite_checkpoint(run_dir: Path) -> bool:
+    """Whether the run's final checkpoint holds a non-finite weight."""
+    import torch
+
+    from rlctl.checkpoint import load_checkpoint
+
+    path = run_dir / "checkpoints" / "latest.pt"
+    if not path.exists():
+        return False
+    model = load_checkpoint(path)["model"]
+    return not all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point())
+
+
+def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path, insider: bool = False) -> dict:
     """Run jobs/<name>.toml while sending `share` bad messages to its sockets; figures of the run."""
     text = (REPO / "jobs" / f"{name}.toml").read_text()
     text = re.sub(r"(?m)^wall_s = [\d.]+", f"wall_s = {cap}", text)
@@ -158,9 +253,11 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
             p["state"] == "running" for p in state(run_dir)["processes"])):
         time.sleep(0.1)
     plan = json.loads((run_dir / "plan.json").read_text())
-    net = wire.SecureContext(member_keys(run_dir))
+    net = wire.SecureContext(member_keys(run_dir, "collector-1" if insider else "learner-0"))
     eps = plan["endpoints"]
     targets = {"control": net.client(zmq.DEALER, eps["control"], sndhwm=100000)}
+    if eps.get("inference"):
+        targets["inference"] = net.client(zmq.DEALER, eps["inference"][0], sndhwm=100000)
     targets["weights"] = net.client(zmq.XSUB, eps["weights"], sndhwm=100000)
     if eps.get("replay"):
         targets["experience"] = net.client(zmq.PUSH, eps["replay"][0]["experience"], sndhwm=100000)
@@ -169,17 +266,21 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
         targets["rollouts"] = net.client(zmq.PUSH, eps["rollouts"][0], sndhwm=100000)
     rng, nrng = random.Random(seed), np.random.default_rng(seed)
     mut = Mutator(rng)
-    T, envs = 0, 0
-    if name != "apex":
-        from rlctl.spec import load_job
-        spec = load_job(job)
-        T, envs = spec.algorithm.rollout_len, spec.env.envs_per_collector
+    from rlctl.spec import load_job
+    spec = load_job(job)
+    T, envs = (0, 0) if spec.algo.uses_replay else (spec.algorithm.rollout_len, spec.env.envs_per_collector)
+    forged_answers = 0
     experience = [wire.encode("experience", "collector-0", 0, None, a) for a in experience_templates(nrng)]
     rollouts = [wire.encode("rollout", "collector-0", 0, None, a) for a in rollout_templates(nrng, T, envs)] if T else []
     controls = [wire.encode(k, s, 0, m) for k, s, m in control_messages()]
     samples = [wire.encode("sample", "learner-0", 0, {"n": n}) for n in (0, -1, 2**20, "x", None)]
     samples += [wire.encode("priorities", "learner-0", 0, None, {"keys": np.array([1, 2], np.int32),
                                                                   "priority": np.ones(3)})]
+    pools = {"control": controls, "experience": experience, "sample": samples, "rollouts": rollouts,
+             "inference": []}
+    if insider:
+        extra = insider_pools(spec, nrng)
+        pools = {k: pools[k] + extra.get(k, []) for k in pools}
     sent = skipped = 0
     names = list(targets)
     started = time.time()
@@ -191,8 +292,7 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
         elif pick < 0.2:
             frames = mut.noise()
         else:
-            pool = {"control": controls, "experience": experience, "sample": samples, "rollouts": rollouts}[target]
-            frames = [bytes(f) for f in rng.choice(pool)]
+            frames = [bytes(f) for f in rng.choice(pools[target])]
             if pick < 0.6:
                 frames = mut.mutate(frames)
         try:
@@ -201,6 +301,10 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
         except zmq.Again:
             skipped += 1
             time.sleep(0.0005)
+        if insider and sent % 256 == 0:
+            forged_answers += sum(answers(targets[t]) for t in ("inference", "sample") if t in targets)
+    time.sleep(1.0)  # an answer to the last requests would be on its way
+    forged_answers += sum(answers(targets[t]) for t in ("inference", "sample") if t in targets)
     fuzzing_ended = time.time()
     net.close()
     sup.wait(timeout=cap + 60)
@@ -214,11 +318,12 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path) -> dict:
     crashed = sum(hurt.values())
     crashed += end.get("status") == "failed"
     accepted = int(metrics.get(M.EVAL_RETURN_MEAN, 0) >= FORGED_RETURN) + int(metrics.get(M.ENV_STEPS, 0) >= FORGED_STEPS)
+    accepted += forged_answers + int(nonfinite_checkpoint(run_dir))
     solved = end.get("status") == "finished" and any(k in (end.get("exit_reason") or "") for k in ("return",))
     print(f"{name}: {sent} bad messages to {', '.join(names)} in {fuzzing_ended - started:.1f} s "
           f"({skipped} sends refused by full queues); {end.get('status')}: {end.get('exit_reason')}; "
-          f"net/dropped {metrics.get(M.NET_DROPPED)}, net/refused {metrics.get(M.NET_REFUSED)}; crashes {crashed}",
-          flush=True)
+          f"net/dropped {metrics.get(M.NET_DROPPED)}, net/refused {metrics.get(M.NET_REFUSED)}; crashes {crashed}"
+          + (f"; forged requests answered {forged_answers}" if insider else ""), flush=True)
     return {"messages": sent, "crashes": crashed, "accepted_bad": accepted, "solved": solved,
             "dropped": metrics.get(M.NET_DROPPED, 0)}
 
@@ -227,15 +332,16 @@ def main() -> None:
     _children.install()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=100_000)
-    ap.add_argument("--jobs", default="apex,appo")
+    ap.add_argument("--jobs", default=None, help="default apex,appo (seed-apex,seed-impala with --insider)")
+    ap.add_argument("--insider", action="store_true", help="play collector-1's host: its keys, every socket")
     ap.add_argument("--cap", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    jobs = args.jobs.split(",")
+    jobs = (args.jobs or ("seed-apex,seed-impala" if args.insider else "apex,appo")).split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        results = {name: fuzz_job(name, -(-args.messages // len(jobs)), args.cap, args.seed, Path(tmp))
+        results = {name: fuzz_job(name, -(-args.messages // len(jobs)), args.cap, args.seed, Path(tmp), args.insider)
                    for name in jobs}
-    out = {"bench": "fuzz", "messages": sum(r["messages"] for r in results.values()),
+    out = {"bench": "fuzz", "insider": args.insider, "messages": sum(r["messages"] for r in results.values()),
            "crashes": sum(r["crashes"] for r in results.values()),
            "accepted_bad": sum(r["accepted_bad"] for r in results.values()),
            "solved": all(r["solved"] for r in results.values()), "by_job": results}
