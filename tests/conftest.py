@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import importlib.util
 import subprocess
 import sys
 import time
@@ -23,6 +24,19 @@ def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = N
     if expected_exit is not None:
         assert proc.returncode == expected_exit, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+def missing_extra(extra: str, *modules: str) -> str | None:
+    """Why a test cannot run without an optional extra (its missing modules, and the install command); None when
+    every module is there."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"needs the [{extra}] extra ({', '.join(missing)} missing): pip install -e '.[{extra}]'" if missing else None
+
+
+def needs_extra(extra: str, *modules: str):
+    """A mark that skips a test, naming the extra, when that extra's modules are not installed."""
+    reason = missing_extra(extra, *modules)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 
 SMALL_JOB = """

@@ -7,20 +7,18 @@ import json
 import os
 import re
 
-from conftest import REPO, only_run, read_state, run_cli
+import pytest
+
+from conftest import only_run, read_state, run_cli
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 CAP_S = 420  # generous: the job usually stops far sooner; this only bounds a broken run
 
 
 def _job_copy(tmp_path, **replace: str):
-    text = (REPO / "jobs" / "apex.toml").read_text()
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    path = tmp_path / "apex.toml"
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, "apex", wall_s=CAP_S, **replace)
 
 
 def _assert_solved(run_dir):

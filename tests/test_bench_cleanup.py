@@ -32,6 +32,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
+
 MARK = "RLCTL_BENCH_MARK"
 GONE_WITHIN_S = 30.0  # no process of the bench may be left this long after it exited ...
 OUTLIVE_S = 0.0  # ... nor outlive it at all: a bench waits until its children are gone before it exits

@@ -10,21 +10,19 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import REPO, only_run, read_state, run_cli, wait_for
+import pytest
+
+from conftest import only_run, read_state, run_cli, wait_for
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 CAP_S = 300
 
 
 def _job(tmp_path: Path, name: str, **replace: str) -> Path:
     """A shipped job with `key = value` lines replaced (the wall-clock cap raised to CAP_S)."""
-    text = (REPO / "jobs" / f"{name}.toml").read_text()
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, name, wall_s=CAP_S, **replace)
 
 
 def _start(tmp_path: Path, job: Path) -> tuple[Path, Path]:

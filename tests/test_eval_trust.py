@@ -196,6 +196,20 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_checkpoint_is_refused_with_a_one_line_reason(tmp_path, case):
+    """Every malformed case, in this process: a CheckpointError whose reason is one line (what `rlctl eval` prints
+    after the file's name, exiting 2: the test below runs the command itself for some of them)."""
+    from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
+
+    ckpt = tmp_path / "broken.pt"
+    MALFORMED[case](ckpt)
+    with pytest.raises(CheckpointError) as refused:
+        evaluate_checkpoint(ckpt, episodes=2, seed=0)
+    reason = str(refused.value)
+    assert len(reason) > 10 and "\n" not in reason and "Traceback" not in reason, reason
+
+
+@pytest.mark.parametrize("case", ["truncated", "pickled-code", "weights-wrong-shape", "job-of-a-huge-network"])
 def test_malformed_checkpoint_exits_2_with_one_line(tmp_path, case):
     ckpt = tmp_path / "broken.pt"
     MALFORMED[case](ckpt)

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, marked_processes, only_run, read_state, run_cli, wait_for
+from conftest import marked_processes, only_run, read_state, run_cli, wait_for
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 CAP_S = 300  # bounds a broken run; the jobs solve in 10-20 s
 
@@ -35,19 +38,9 @@ def mark():
 def apex_job(tmp_path: Path, name: str = "apex.toml", stop: str | None = None, replay: str = "",
              topology: str = "", logging: str = "", **replace: str) -> Path:
     """jobs/apex.toml with checkpoints and snapshots every second, the wall cap raised and `replace`d keys."""
-    text = (REPO / "jobs" / "apex.toml").read_text()
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    if stop is not None:
-        text = re.sub(r"(?ms)^\[job\.stop\]\n.*?\n\n", f"[job.stop]\n{stop}\nwall_s = {CAP_S}\n\n", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    text = text.replace("[replay]\n", f"[replay]\nsnapshot_interval_s = 1.0\n{replay}")
-    text = text.replace("[topology]\n", f"[topology]\n{topology}")
-    text += f"\n[logging]\ncheckpoint_interval_s = 1.0\n{logging}\n"
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, "apex", stop=stop, wall_s=CAP_S, file_name=name,
+                       add={"replay": f"snapshot_interval_s = 1.0\n{replay}", **({"topology": topology} if topology else {})},
+                       extra=f"\n[logging]\ncheckpoint_interval_s = 1.0\n{logging}\n", **replace)
 
 
 def start_run(args: list[str], mark: str, env: dict | None = None) -> subprocess.Popen:

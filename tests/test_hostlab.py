@@ -20,10 +20,10 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (sys.platform.startswith("linux") and os.path.exists("/usr/sbin/sshd") and shutil.which("ssh")
          and shutil.which("ssh-keygen")),
-    reason="needs Linux with openssh-server and openssh-client")
+    reason="needs Linux with openssh-server and openssh-client")]
 
 PY = "/usr/bin/python3"  # the system python: no pyenv shim start-up on every remote command
 

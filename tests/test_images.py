@@ -8,23 +8,19 @@ import json
 import re
 
 import numpy as np
+import pytest
 import torch
 
-from conftest import REPO, only_run, read_state, run_cli
+from conftest import REPO, needs_extra, only_run, read_state, run_cli
+from jobfiles import shipped_job
 from rlctl.algos import build_model
 from rlctl.envs import make_vec_env, env_space_info
 from rlctl.spec import load_job, validate_job
 
-
-def _short(tmp_path, name: str, **replace: str):
-    text = (REPO / "jobs" / f"{name}.toml").read_text()
-    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?(?=^\[)", "[job.stop]\nenv_steps = {steps}\nwall_s = 240\n\n", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    return text
+ATARI = needs_extra("atari", "ale_py", "cv2")
 
 
+@ATARI
 def test_atari_preset_gives_stacked_uint8_frames_and_the_nature_network():
     job = load_job(REPO / "jobs" / "appo-pong.toml")
     env = make_vec_env(job.env, num_envs=2)
@@ -62,6 +58,7 @@ def test_shared_convolutions_run_once_for_both_heads(monkeypatch):
     assert torch.equal(head, model.actor_head(features)) and torch.equal(value, model.critic_head(features)[:, 0])
 
 
+@needs_extra("minatar", "minatar")
 def test_minatar_gets_the_small_conv_and_apex_takes_images():
     job = validate_job({"job": {"name": "m"}, "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 2},
                         "algorithm": {"name": "apex"}, "model": {"encoder": "conv"}})
@@ -84,12 +81,13 @@ def test_a_missing_env_package_is_named_with_its_extra(tmp_path):
     assert "env.id" in out.stderr and "not registered" in out.stderr
 
 
+@pytest.mark.slow
+@ATARI
 def test_short_pong_appo_run_trains_end_to_end(tmp_path):
     """A few thousand frames of the shipped Pong job (uint8 frames from emulator to learner): updates happen, losses
     are finite, nothing is dropped on the way."""
-    job = tmp_path / "pong.toml"
-    job.write_text(_short(tmp_path, "appo-pong", collectors="1", envs_per_collector="4",
-                          batch_steps="128").replace("{steps}", "1500"))
+    job = shipped_job(tmp_path, "appo-pong", stop="env_steps = 1500", wall_s=240, file_name="pong.toml",
+                      collectors="1", envs_per_collector="4", batch_steps="128")
     runs = tmp_path / "runs"
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=300)
     run_dir = only_run(runs)
@@ -102,12 +100,13 @@ def test_short_pong_appo_run_trains_end_to_end(tmp_path):
     assert plan["algorithm"] == "appo"
 
 
+@pytest.mark.slow
+@ATARI
 def test_short_pong_apex_run_stores_each_frame_once(tmp_path):
     """Ape-X on the shipped Pong job: collectors send each frame once, the shard keeps it once and rebuilds the
     stacks the learner trains on; nothing is dropped (a wrong stack layout would be)."""
-    job = tmp_path / "pong.toml"
-    job.write_text(_short(tmp_path, "apex-pong", collectors="1", envs_per_collector="4", capacity="4000",
-                          min_size="600", evaluator="false").replace("{steps}", "2000"))
+    job = shipped_job(tmp_path, "apex-pong", stop="env_steps = 2000", wall_s=240, file_name="pong.toml",
+                      collectors="1", envs_per_collector="4", capacity="4000", min_size="600", evaluator="false")
     runs = tmp_path / "runs"
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=300)
     run_dir = only_run(runs)
@@ -122,6 +121,7 @@ def test_short_pong_apex_run_stores_each_frame_once(tmp_path):
     assert kb < 8.0, log
 
 
+@ATARI
 def test_rollout_socket_buffers_scale_with_the_rollout():
     """Kernel buffers of rollout sockets: a sixteenth of a rollout, so a Pong rollout moves in large reads (4 KB ones
     woke the learner's I/O thread 4,800 times a second on the learner's core), while CartPole's stay at 4 KB and

@@ -20,6 +20,8 @@ from conftest import read_state, run_cli, wait_for
 from rlctl import metric_names as M
 from rlctl import wire
 
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
+
 JOB = """
 [job]
 name = "insiders"

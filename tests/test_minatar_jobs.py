@@ -8,10 +8,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from conftest import REPO, only_run, read_state, run_cli
+from conftest import REPO, needs_extra, only_run, read_state, run_cli
 from rlctl.envs import make_vec_env
 from rlctl.minatar_vec import GAME_CLASSES
 from rlctl.spec import load_job
+
+pytestmark = needs_extra("minatar", "minatar")
 
 MINATAR_JOBS = sorted((REPO / "jobs").glob("*-minatar.toml"))
 

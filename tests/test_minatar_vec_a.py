@@ -13,12 +13,16 @@ import time
 import gymnasium
 import numpy as np
 import pytest
-from minatar.environments import asterix, breakout, freeway
 
-from minatar_stats import assert_statistics_match, first_episodes, reference_stats
-from rlctl.minatar_vec.asterix import AsterixVec
-from rlctl.minatar_vec.breakout import BreakoutVec
-from rlctl.minatar_vec.freeway import FreewayVec
+from conftest import missing_extra
+
+pytest.importorskip("minatar", reason=missing_extra("minatar", "minatar"))
+
+from minatar.environments import asterix, breakout, freeway  # noqa: E402
+from minatar_stats import assert_statistics_match, first_episodes, reference_stats  # noqa: E402
+from rlctl.minatar_vec.asterix import AsterixVec  # noqa: E402
+from rlctl.minatar_vec.breakout import BreakoutVec  # noqa: E402
+from rlctl.minatar_vec.freeway import FreewayVec  # noqa: E402
 
 
 class RecordingRandom:

@@ -16,12 +16,16 @@ import types
 import gymnasium
 import numpy as np
 import pytest
-from minatar.environments import seaquest, space_invaders
 
-from minatar_stats import assert_statistics_match, first_episodes, reference_stats
-from rlctl.minatar_vec.seaquest import SeaquestVec
-from rlctl.minatar_vec.seaquest_objects import diver_code, enemy_code
-from rlctl.minatar_vec.space_invaders import SpaceInvadersVec
+from conftest import missing_extra
+
+pytest.importorskip("minatar", reason=missing_extra("minatar", "minatar"))
+
+from minatar.environments import seaquest, space_invaders  # noqa: E402
+from minatar_stats import assert_statistics_match, first_episodes, reference_stats  # noqa: E402
+from rlctl.minatar_vec.seaquest import SeaquestVec  # noqa: E402
+from rlctl.minatar_vec.seaquest_objects import diver_code, enemy_code  # noqa: E402
+from rlctl.minatar_vec.space_invaders import SpaceInvadersVec  # noqa: E402
 
 
 class RecordingRandom:

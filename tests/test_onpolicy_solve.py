@@ -7,20 +7,16 @@ import re
 
 import pytest
 
-from conftest import REPO, only_run, read_state, run_cli
+from conftest import only_run, read_state, run_cli
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 CAP_S = 300  # generous: these jobs stop in 5-15 s here; the cap only bounds a broken run
 
 
 def _job_copy(tmp_path, job: str, **replace: str):
-    text = (REPO / "jobs" / f"{job}.toml").read_text()
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    path = tmp_path / f"{job}.toml"
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, job, wall_s=CAP_S, **replace)
 
 
 def _run_to_target(tmp_path, job: str, target: float, **replace: str) -> tuple[dict, object]:

@@ -7,24 +7,21 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import REPO, only_run, read_state, run_cli
+import pytest
+
+from conftest import only_run, read_state, run_cli
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 BUDGET_ENV_STEPS = 500_000  # the masked job needed 129k-282k over seeds 1-4; the feed-forward one never got there
 CAP_S = 300
 
 
 def _job(tmp_path, name: str, *, memory: str | None = None, masked: bool = True):
-    text = (REPO / "jobs" / "r2d2.toml").read_text()
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}\nenv_steps = {BUDGET_ENV_STEPS}", text)
-    text = re.sub(r'(?m)^name = "r2d2-cartpole-masked"$', f'name = "{name}"', text)
-    if memory is not None:
-        text = re.sub(r"(?m)^lstm_size = (.*)$", rf'lstm_size = \1\nmemory = "{memory}"', text)
-    if not masked:
-        text, n = re.subn(r"(?m)^wrappers = .*\n", "", text)
-        assert n == 1
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
+    stop = f"eval_return = 475.0\neval_rounds = 3\nenv_steps = {BUDGET_ENV_STEPS}"
+    return shipped_job(tmp_path, "r2d2", name=name, stop=stop, wall_s=CAP_S, drop=() if masked else ("wrappers",),
+                       add={"algorithm": f'memory = "{memory}"'} if memory is not None else None)
 
 
 def _run(tmp_path, job) -> tuple[dict, object]:

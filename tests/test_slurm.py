@@ -19,11 +19,12 @@ import pytest
 
 from rlctl import wire
 from conftest import REPO, cmdline, command_lines, only_run, read_state, run_cli, wait_for
+from jobfiles import shipped_job
 import slurmlab
 
 CAP_S = 300
 QUEUED_S = 120  # an allocation asked for just after the last one ended can wait ~15 s for its nodes
-pytestmark = pytest.mark.skipif(slurmlab.unavailable() is not None, reason=str(slurmlab.unavailable()))
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurmlab.unavailable() is not None, reason=str(slurmlab.unavailable()))]
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +52,9 @@ def idle_cluster(lab):
 
 def slurm_job(tmp_path: Path, job: str, name: str, cluster: str = "", **replace: str) -> Path:
     """A shipped job made a Slurm job (its counts from [cluster]), the wall cap raised and `replace`d keys."""
-    text = (REPO / "jobs" / f"{job}.toml").read_text()
-    text = re.sub(r"(?m)^(collectors|evaluator|replay_shards) = .*\n", "", text)  # [cluster] places processes
-    text = re.sub(r"(?ms)^\[cluster\]\n.*?(?=^\[|\Z)", "", text)
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    text = re.sub(r'(?m)^name = .*$', f'name = "{name}"', text, count=1)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    text += f'\n[cluster]\nscheduler = "slurm"\n{cluster}\n[logging]\ncheckpoint_interval_s = 2.0\n'
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, job, name=name, wall_s=CAP_S, drop=("collectors", "evaluator", "replay_shards"),
+                       drop_sections=("cluster",), **replace,
+                       extra=f'\n[cluster]\nscheduler = "slurm"\n{cluster}\n[logging]\ncheckpoint_interval_s = 2.0\n')
 
 
 def salloc(lab, args: list[str], **kwargs) -> subprocess.Popen:

@@ -21,8 +21,11 @@ from rlctl import wire
 from rlctl.hosts import pull_directory
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.spec import load_job
-from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
+from conftest import command_lines, only_run, read_state, run_cli, wait_for
+from jobfiles import shipped_job
 from hostlab import HostLab
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 CAP_S = 300
 
@@ -37,21 +40,14 @@ def lab(tmp_path_factory):
 def spread_job(lab: HostLab, tmp_path: Path, job: str, placement: dict[int, dict], name: str | None = None,
                **replace: str) -> Path:
     """A shipped job with its processes placed on lab hosts: {host index: {"learner": True, "collectors": 1, ...}}."""
-    text = (REPO / "jobs" / f"{job}.toml").read_text()
-    text = re.sub(r"(?m)^(collectors|evaluator|replay_shards) = .*\n", "", text)  # counts come from [[hosts]]
-    text = re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text)
-    if name:
-        text = re.sub(r'(?m)^name = .*$', f'name = "{name}"', text, count=1)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
+    hosts = ""
     for i, counts in placement.items():
         workdir = tmp_path / f"host{i + 1}"
         workdir.mkdir(exist_ok=True)
-        text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir), **counts)
-    path = tmp_path / f"{job}-spread.toml"
-    path.write_text(text)
-    return path
+        hosts += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir), **counts)
+    # The counts come from [[hosts]].
+    return shipped_job(tmp_path, job, name=name, wall_s=CAP_S, drop=("collectors", "evaluator", "replay_shards"),
+                       extra=hosts, file_name=f"{job}-spread.toml", **replace)
 
 
 def sweep(lab: HostLab, i: int, run_id: str) -> dict:

@@ -8,18 +8,16 @@ import re
 import time
 from pathlib import Path
 
-from conftest import REPO, only_run, read_state, run_cli, wait_for
+import pytest
+
+from conftest import needs_extra, only_run, read_state, run_cli, wait_for
+from jobfiles import shipped_job
+
+pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
 
 def _job(tmp_path, base: str, name: str, stop: str, **replace: str):
-    text = (REPO / "jobs" / base).read_text()
-    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?(?=^\[)", f"[job.stop]\n{stop}\n\n", text)
-    for key, value in replace.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, key
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
+    return shipped_job(tmp_path, base.removesuffix(".toml"), stop=stop, file_name=f"{name}.toml", **replace)
 
 
 def _start(tmp_path, job):
@@ -32,6 +30,8 @@ def _status(runs, run_dir) -> str:
     return run_cli(["status", run_dir.name, "--runs-dir", str(runs)]).stdout
 
 
+@needs_extra("video", "moviepy", "pygame")
+@needs_extra("atari", "cv2")
 def test_collector_bound_verdict_and_the_progress_bar_reaching_100_percent_when_the_run_stops(tmp_path):
     """One collector stepping one CartPole env cannot keep a small IMPALA learner busy: the learner waits for
     rollouts. The run stops on env steps, whose bar shows 100% then and only then."""
@@ -142,6 +142,7 @@ def _curve_runs(tmp_path):
     return runs, made
 
 
+@needs_extra("plot", "matplotlib")
 def test_plot_draws_runs_in_the_terminal_and_into_a_png(tmp_path):
     import matplotlib.image as mpimg
     import numpy as np
@@ -232,11 +233,10 @@ def _wandb_records(path):
     return out
 
 
+@needs_extra("wandb", "wandb")
 def test_wandb_offline_mirrors_the_scalars_and_the_job(tmp_path):
-    job = tmp_path / "ppo.toml"
-    text = (REPO / "jobs" / "ppo.toml").read_text()
-    text = re.sub(r"(?ms)^\[job\.stop\]\n.*?(?=^\[)", "[job.stop]\nenv_steps = 40000\nwall_s = 120\n\n", text)
-    job.write_text(text + '\n[logging.wandb]\nproject = "rlctl-test"\nmode = "offline"\n')
+    job = shipped_job(tmp_path, "ppo", stop="env_steps = 40000", wall_s=120,
+                      extra='\n[logging.wandb]\nproject = "rlctl-test"\nmode = "offline"\n')
     runs = tmp_path / "runs"
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=240)
     run_dir = only_run(runs)
