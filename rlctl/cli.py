@@ -329,7 +329,8 @@ def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict)
 
 
 def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
-    """(run dir, job, what the next segment continues from) for `run --resume`; exit 2 naming what is refused."""
+    """(run dir, job, what the next segment continues from, the run's lock: the caller lets it go once the run's
+    state says "created") for `run --resume`; exit 2 naming what is refused."""
     from rlctl.resume import ResumeRefused, job_for_resume, parse_until, previous_segment
     from rlctl.rundir import RunBusy
     from rlctl.spec import JobFileError, with_host_secrets

@@ -229,8 +229,8 @@ class CurveKeys:
 # How a role admitted to a server socket may name the sender in a message's header (Admission).
 OWN_NAME = "own name"  # only as the process its key was given to
 ANY_COLLECTOR = "any collector"  # as any collector (an inference server sends its collectors' experience)
-ANY_RANK = "any rank"
-COLLECTOR_NAME = re.compile(r"collector-(0|[1-9][0-9]{0,8})")  # ASCII digits, as the plan names them  # any name: a learner node's ranks share its torchrun agent's key; nothing routes by it
+ANY_RANK = "any rank"  # any name: a learner node's ranks share its torchrun agent's key; nothing routes by it
+COLLECTOR_NAME = re.compile(r"collector-(0|[1-9][0-9]{0,8})")  # ASCII digits, as the plan names them
 
 
 class Admission:
