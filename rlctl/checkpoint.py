@@ -174,7 +174,7 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     # Everything below allocates what the file declares: the env's own spaces and the weights the file holds bound it.
     if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
         raise CheckpointError(f"env {job.env.id!r} has {_spaces(made)}; the checkpoint's network was made for "
-                              f"{_spaces(_clipped(info))}")
+                              f"{_spaces(info)}")
     _check_weight_shapes(job, made, state)
     try:
         model = build_model(job, made)
@@ -231,13 +231,7 @@ def _names(keys: list) -> str:
     return shown + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
-def _clipped(info):
-    """A SpaceInfo from a file with its shapes cut for a message."""
-    from dataclasses import replace
-
-    return replace(info, obs_shape=tuple(info.obs_shape[:8]), action_shape=tuple(info.action_shape[:8]))
-
-
 def _spaces(info) -> str:
-    actions = f"{info.n_actions} actions" if info.discrete else f"actions shaped {list(info.action_shape)}"
-    return f"observations shaped {list(info.obs_shape)} and {actions}"
+    """Spaces for a message; shapes cut to 8 dimensions (a file's may list any number)."""
+    actions = f"{info.n_actions} actions" if info.discrete else f"actions shaped {list(info.action_shape[:8])}"
+    return f"observations shaped {list(info.obs_shape[:8])} and {actions}"

@@ -155,6 +155,12 @@ class ProcessHandle:
         self.kill_sent_at, self.started_at = None, time.time()
         self.start_time = None if self.spec.remote else process_start_time(self.popen.pid)
 
+    def forget_ranks(self) -> None:
+        """A learner's ranks are gone (its group killed): no pids, no restart of theirs being waited for."""
+        self.rank_pids.clear()
+        self.killed_ranks.clear()
+        self.ranks_killed_at = None
+
     def tell(self, data: bytes, close: bool = False) -> None:
         """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
         try:
@@ -668,9 +674,7 @@ class Supervisor:
         """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the
         ports), and so do the other learner nodes, which start again with it (a static rendezvous is joined by
         every node at once); all continue from the newest checkpoint."""
-        dead.rank_pids.clear()
-        dead.killed_ranks.clear()
-        dead.ranks_killed_at = None
+        dead.forget_ranks()
         dead.signal_group(signal.SIGKILL)
         for h in self.handles:
             if h.spec.critical and h is not dead and h.state in (ProcState.STARTING, ProcState.RUNNING):
@@ -678,9 +682,7 @@ class Supervisor:
                 if h.popen is not None and not h.spec.remote:
                     h.popen.wait()
                 h.note = f"restarted with {dead.spec.name} at {time.strftime('%H:%M:%S')}"
-                h.rank_pids.clear()
-                h.killed_ranks.clear()
-                h.ranks_killed_at = None
+                h.forget_ranks()
                 h.restarts += 1
                 h.state, h.start_at = ProcState.RESTARTING, dead.start_at
 

@@ -156,15 +156,18 @@ def recv(sock: zmq.Socket, flags: int = 0, routed: bool = False) -> tuple[list, 
     return prefix, msg
 
 
-def receive_waiting(sock: zmq.Socket, routed: bool = False):
-    """Yield (routing frames, message) for every message already queued; a malformed one yields message None."""
+def receive_waiting(sock: zmq.Socket, routed: bool = False, admission: "Admission | None" = None):
+    """Yield (routing frames, message) for every message already queued; a malformed one, or one `admission`
+    refuses (its sender or role), yields message None."""
     while True:
         try:
-            yield recv(sock, zmq.NOBLOCK, routed)
+            prefix, msg = recv(sock, zmq.NOBLOCK, routed)
         except zmq.Again:
             return
         except WireError:
             yield [], None
+            continue
+        yield (prefix, msg) if admission is None or admission.admits(msg) else (prefix, None)
 
 
 ANY_MEMBER = "*"  # the owner of keys made by CurveKeys.generate() (benches, tests): it may speak for any member

@@ -166,3 +166,23 @@ def command_lines() -> list[bytes]:
     """The command line of every process on this machine (test hosts share its /proc)."""
     lines = (cmdline(int(entry)) for entry in os.listdir("/proc") if entry.isdigit())
     return [line for line in lines if line is not None]
+
+
+def member_keys(run_id: str, role: str, rank: int):
+    """The CURVE keys (wire.CurveKeys) of one process of a run, read from its environment as anyone on its host
+    could: the learner's torchrun agent and central-inference collectors are started with them (forked processes
+    show the fork server's environment)."""
+    from rlctl import wire
+
+    wanted = {f"RLCTL_RUN_ID={run_id}".encode(), f"RLCTL_ROLE={role}".encode(), f"RLCTL_RANK={rank}".encode()}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if wanted <= set(env):
+                value = next(v for v in env if v.startswith(wire.KEYS_ENV.encode() + b"="))
+                return wire.CurveKeys.from_env(value.split(b"=", 1)[1].decode())
+    pytest.fail(f"no {role}-{rank} of {run_id} found")

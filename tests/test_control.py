@@ -10,7 +10,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import only_run, read_state, run_cli, small_job, wait_for
+from conftest import member_keys, only_run, read_state, run_cli, small_job, wait_for
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.control import ControlError, parse_control
@@ -83,7 +83,7 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
     run_dir = runs / run_id
     wait_for(lambda: read_state(run_dir).get("status") == "running", 60, what="a running supervisor")
     plan = __import__("json").loads((run_dir / "plan.json").read_text())
-    keys = wire.CurveKeys.from_env(_keys_of_a_process(run_dir, plan))
+    keys = member_keys(plan["run_id"], "learner", 0)
     net = wire.SecureContext(keys)
     sock = net.client(zmq.DEALER, plan["endpoints"]["control"])
     bad = [
@@ -104,20 +104,3 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
                      and read_state(run_dir), 60, what="the run to end")
     assert state["status"] == "finished" and state["exit_reason"].startswith("wall time"), state["exit_reason"]
     assert only_run(runs) == run_dir
-
-
-def _keys_of_a_process(run_dir, plan) -> str:
-    """A job member's keys (the learner's), read from its environment as only the job's owner can."""
-    import os
-
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if f"RLCTL_RUN_ID={plan['run_id']}".encode() in env:
-                for item in env:
-                    if item.startswith(wire.KEYS_ENV.encode() + b"="):
-                        return item.split(b"=", 1)[1].decode()
-    pytest.fail("no process of the run holds the keys")

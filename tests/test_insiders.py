@@ -7,7 +7,6 @@ collector-1's keys, read from its environment as anyone on that host could, and 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import read_state, run_cli, wait_for
+from conftest import member_keys, read_state, run_cli, wait_for
 from rlctl import metric_names as M
 from rlctl import wire
 
@@ -45,22 +44,6 @@ inference = "central"
 [logging]
 metrics_interval_s = 0.3
 """
-
-
-def member_keys(run_id: str, role: str, rank: int) -> wire.CurveKeys:
-    """The keys of one process of the run, from its environment (a collector in central mode is its own program)."""
-    wanted = {f"RLCTL_RUN_ID={run_id}".encode(), f"RLCTL_ROLE={role}".encode(), f"RLCTL_RANK={rank}".encode()}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-            except OSError:
-                continue
-            if wanted <= set(env):
-                value = next(v for v in env if v.startswith(wire.KEYS_ENV.encode() + b"="))
-                return wire.CurveKeys.from_env(value.split(b"=", 1)[1].decode())
-    pytest.fail(f"no {role}-{rank} of {run_id} found")
 
 
 class Job:

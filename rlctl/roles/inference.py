@@ -155,7 +155,7 @@ class InferenceServer:
     # -- requests ------------------------------------------------------------
     def on_message(self, identity: list, msg: wire.Message | None) -> None:
         """A request: a new session, a repeat (answered again), the next step (recorded, then queued), or junk."""
-        req = self.parse(msg) if msg is not None and self.admission.admits(msg) else None
+        req = self.parse(msg)
         if req is None:
             self.dropped += 1
             return
@@ -298,7 +298,7 @@ class InferenceServer:
                 wait = (self.batch[0].arrived + self.deadline - now) if self.batch else 0.05
                 ready = dict(self.poller.poll(max(0, math.ceil(wait * 1000))))
                 if self.sock in ready:
-                    for identity, msg in wire.receive_waiting(self.sock, routed=True):
+                    for identity, msg in wire.receive_waiting(self.sock, routed=True, admission=self.admission):
                         self.on_message(identity, msg)
                 if self.weights.poll():
                     self.unpark()

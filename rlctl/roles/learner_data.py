@@ -179,8 +179,8 @@ class RolloutInbox:
     def receive(self, limit: int) -> list[wire.Message]:
         """Up to `limit` rollouts that are waiting (the rest stay queued, as backpressure)."""
         out: list[wire.Message] = []
-        for _, msg in wire.receive_waiting(self.sock):
-            if msg is None or not self.admission.admits(msg) or not self.valid(msg):
+        for _, msg in wire.receive_waiting(self.sock, admission=self.admission):
+            if msg is None or not self.valid(msg):
                 self.dropped += 1
             else:
                 out.append(msg)

@@ -182,16 +182,16 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     while not stop:
         events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
         if exp_sock in events:
-            for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock), 1):
-                if msg is None or not pushers.admits(msg):
+            for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock, admission=pushers), 1):
+                if msg is None:
                     shard.dropped += 1
                 else:
                     shard.on_experience(msg)
                 if count >= 64 or not shard.accepting():  # bounded, so sample requests are never starved
                     break
         if smp_sock in events:
-            for identity, msg in wire.receive_waiting(smp_sock, routed=True):
-                if msg is None or not samplers.admits(msg):
+            for identity, msg in wire.receive_waiting(smp_sock, routed=True, admission=samplers):
+                if msg is None:
                     shard.dropped += 1
                 else:
                     shard.on_request(identity, msg)
