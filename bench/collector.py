@@ -265,14 +265,15 @@ BARE_SECTIONS = ("QNetwork.forward", "EpsilonGreedy.call", "env.step")
 def child_profile() -> None:
     """The real rlctl.roles.collector.run, with the callees it looks up in its module wrapped by timers."""
     import rlctl.algos.apex.actor as A
+    import rlctl.datapaths.sender as S
     import rlctl.roles.collector as C
     from rlctl.roles.context import RoleContext, StopFlag
 
     stop = StopFlag()  # first, as role_main does
     sec = _Sections()
-    # The shell's parts in the collector module, Ape-X's in its actor core's module.
-    for module, names in ((C, {"WeightSubscriber": ["poll"], "ExperienceSender": ["try_send"],
-                               "ControlClient": ["heartbeat"]}),
+    # The shell's parts in the collector module (its sender in the data path's), Ape-X's in its actor core's module.
+    for module, names in ((C, {"WeightSubscriber": ["poll"], "ControlClient": ["heartbeat"]}),
+                          (S, {"ExperienceSender": ["try_send"]}),
                           (A, {"QNetwork": ["forward"], "EpsilonGreedy": ["__call__"], "ChunkedNStep": ["add", "take"]})):
         for name, methods in names.items():
             if hasattr(module, name):

@@ -5,7 +5,7 @@ Usage: python bench/ingest.py [--quick] [--batches 256,2048]
 The bench starts `python -m rlctl.roles.replay` with the environment the plan would give
 it (job: jobs/apex.toml with `replay.samples_per_insert = 0`, no rate limit, and a large
 capacity), plays the supervisor's control ROUTER, and starts 2 sender processes (this
-script with --child-sender, sending through rlctl.roles.collector.ExperienceSender, so with
+script with --child-sender, sending through rlctl.datapaths.sender.ExperienceSender, so with
 the collector's socket options) that PUSH ready-made CartPole-sized "experience" batches
 (obs (B,4) f32, action (B,) i64, reward (B,) f32, next_obs (B,4) f32, discount (B,) f32,
 priority (B,) f32) over CURVE loopback as fast as the shard takes them. The rate is the
@@ -55,7 +55,7 @@ def child_sender() -> None:
     (same socket options), waiting for room the way the collector does when the shard pushes back."""
     import signal
 
-    from rlctl.roles.collector import ExperienceSender
+    from rlctl.datapaths.sender import ExperienceSender
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))

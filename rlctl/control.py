@@ -47,6 +47,12 @@ class ControlMessage:
         return f"{self.role}-{self.rank}"
 
 
+def collector_index(sender: str) -> int:
+    """`collector-3` -> 3 (-1 for anything else)."""
+    match = SENDER.fullmatch(sender)
+    return int(match.group(2)) if match and match.group(1) == "collector" else -1  # ASCII digits: never "²"
+
+
 def _int(value: object, what: str, low: int = 0, high: int = 1 << 31) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
         raise ControlError(f"{what} is not an integer in [{low}, {high})")

@@ -71,9 +71,11 @@ def render_job_file(algo: str | None = None, env_id: str = "CartPole-v1", hosts:
     algo = algo or spec.ALGORITHM_NAMES[0]
     if algo not in spec.ALGORITHM_SPECS:
         raise ValueError(f"unknown algorithm {algo!r} (one of {', '.join(spec.ALGORITHM_NAMES)})")
-    from rlctl.algos import ALGORITHMS, REPLAY
+    from rlctl.algos import ALGORITHMS
+    from rlctl.datapaths import DATA_PATHS
 
-    replay = ALGORITHMS[algo].data == REPLAY
+    path = ALGORITHMS[algo].data_path
+    path_sections = {f"[{name}]" for p in DATA_PATHS.values() for name in p.sections}  # left out for other paths
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{algo}-{env_id.split('/')[-1]}".lower()).strip("-.") or algo
     values = {
         "[job]": {"name": name[:64]},
@@ -90,11 +92,11 @@ def render_job_file(algo: str | None = None, env_id: str = "CartPole-v1", hosts:
             out += _section("[algorithm]", model, {"name": algo})
         elif header.startswith("[[hosts]]"):
             for i, destination in enumerate(hosts or []):
-                role = ({"learner": True, "evaluator": True, "replay_shards": 1 if replay else 0} if i == 0
+                role = ({"learner": True, "evaluator": True, "replay_shards": 1 if path.shard_role else 0} if i == 0
                         else {"collectors": 2})
                 out += _section("[[hosts]]", model, {"name": _host_name(destination, i), "address": destination,
                                                     **role})
-        elif header == "[replay]" and not replay:
+        elif header in path_sections and header[1:-1] not in path.sections:
             continue
         elif header.endswith("(optional)"):  # a table to add when wanted: all of it commented out
             lines = _section(header.split(" (")[0], model, {"project": "my-project"}, skip)

@@ -13,13 +13,15 @@ import sys
 import zlib
 from dataclasses import asdict, dataclass, field
 
+from rlctl.datapaths import DATA_PATHS
 from rlctl.hosts import SECRET_ENV, control_socket, launcher_for
+from rlctl.ports import PortLayout
 from rlctl.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
 from rlctl.spec import AUTO_PORTS, SECRET_MASK, HostSpec, JobSpec
 
 ROLE_MODULES = {
+    **{path.shard_role: path.shard_module for path in DATA_PATHS.values() if path.shard_role},
     "learner": "rlctl.roles.learner",
-    "replay": "rlctl.roles.replay",
     "collector": "rlctl.roles.collector",
     "evaluator": "rlctl.roles.evaluator",
     "inference": "rlctl.roles.inference",
@@ -143,7 +145,7 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
                    f"so each update runs at a fraction of a core; give learner_procs at most {cpus}")
     if procs > 2 * cpus and collectors > cpus:
         envs = collectors * spec.env.envs_per_collector
-        fewer = max(cpus, 1 if spec.algo.uses_replay else spec.learner_ranks)
+        fewer = max(cpus, spec.data_path.min_collectors(spec))
         out.append(f"{procs} processes on this machine's {cpus} cores: {collectors} collectors take CPU from the "
                    f"learner and switch among themselves. The same {envs} envs step as fast as collectors = {fewer}, "
                    f"envs_per_collector = {-(-envs // fewer)} (one batched forward per step serves every env of a "
@@ -161,19 +163,97 @@ def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
 
 def job_warnings(spec: JobSpec) -> list[str]:
     """What in the job itself works against learning, each with its cause and a suggestion. Pure."""
-    algo = spec.algorithm
-    per_update = getattr(algo, "rollouts_per_update", None)
-    if per_update is None or spec.algo.synchronous:
-        return []
-    # While a collector takes one rollout, its rank receives one from each of its collectors and so makes this many
-    # updates: the lag a rollout arrives with, about.
-    per_rank = -(-spec.collector_count // spec.learner_ranks)
-    lag = per_rank / per_update(spec.env.envs_per_collector)
-    if lag <= algo.max_policy_lag:
-        return []
-    return [f"{per_rank} collectors per learner rank and {per_update(spec.env.envs_per_collector)} rollouts per update: "
-            f"rollouts arrive about {lag:.0f} versions old, past algorithm.max_policy_lag = {algo.max_policy_lag}, "
-            f"so most would be dropped; raise max_policy_lag to {int(lag + 0.999) + 2} or algorithm.batch_steps"]
+    return spec.data_path.warnings(spec)
+
+
+class Addressing:
+    """Where each host is reached and what it binds: loopback for an all-local job, else each host's advertised
+    address (or what `addresses` resolved its destination to), binding it or every interface."""
+
+    def __init__(self, hosts: list[HostSpec], addresses: dict[str, str] | None):
+        self.all_local = all(h.is_local for h in hosts)
+        self.addresses = addresses or {}
+
+    def addr(self, h: HostSpec) -> str:
+        """The address other hosts reach `h` at."""
+        if self.all_local:
+            return "127.0.0.1"
+        return h.advertise_address or self.addresses.get(h.name) or h.destination
+
+    def bind(self, h: HostSpec) -> str:
+        """The address `h`'s servers bind."""
+        return "127.0.0.1" if self.all_local else (h.advertise_address or "0.0.0.0")
+
+
+class ProcessBuilder:
+    """Renders ProcessSpecs: the environment every process gets, the host's launcher around the command."""
+
+    def __init__(self, spec: JobSpec, hosts: list[HostSpec], run_id: str, net: Addressing, base_env: dict[str, str],
+                 control: str, control_port: int, board: str | None, subscribers: set[str], python: str | None,
+                 board_token: str):
+        self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
+        self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
+        self.python, self.board_token = python, board_token
+        self.learner_nodes = [h for h in hosts if h.learner]
+        self.head = self.learner_nodes[0]
+        self.processes: list[ProcessSpec] = []
+
+    def add(self, role: str, rank: int, h: HostSpec, module: str, binds: dict[str, str],
+            argv: list[str] | None = None) -> None:
+        """One process of `role` on `h` running `python -m module` (or `argv`), binding `binds`."""
+        name, spec = f"{role}-{rank}", self.spec
+        node_procs = spec.learner_node_procs
+        env = {**self.base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
+               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
+               "RLCTL_TORCH_THREADS": self.learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
+        if spec.topology.learner_cores == "dedicated" and h.learner:
+            node = next(i for i, n in enumerate(self.learner_nodes) if n is h)
+            env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{self.learner_threads(h, node_procs[node])}"
+        if self.board and h is self.head and (role == "learner" or role in self.subscribers):
+            env["RLCTL_WEIGHT_BOARD"] = self.board
+        # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
+        # otherwise listen on whatever the host name resolves to).
+        env["RLCTL_ADVERTISE"] = self.net.addr(h)
+        if not h.is_local:
+            # The job file arrives on the session's stdin; the run's files live under the host's workdir.
+            remote_dir = remote_run_dir(self.run_id)
+            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(self.run_id),
+                       RLCTL_CONTROL=self.control if h.slurm_job is not None
+                       else f"ipc://{control_socket(self.run_id, name, self.board_token)}")
+        py = self.python if (self.python and h.is_local) else h.python
+        secret = tuple(sorted(h.env))
+        command = [py if a == "{python}" else a for a in (argv or ["{python}", "-m", module])]
+        full = launcher_for(h).argv(h, command, env, self.control_port, frozenset(secret))
+        self.processes.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES,
+                                          not h.is_local, secret, tuple(command)))
+
+    def learner_threads(self, h: HostSpec, ranks: int) -> str:
+        """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
+        processes (one thread each) shared by its ranks: counted here for this machine, on the host for others."""
+        if self.spec.topology.learner_threads:
+            return str(self.spec.topology.learner_threads)
+        others = other_processes(self.spec, h)
+        return str(auto_threads(usable_cpus(), others, ranks)) if h.is_local else f"auto:{others}"
+
+    def add_learners(self, ports: PortLayout, rendezvous: str, rank_binds: dict[int, dict[str, str]]) -> None:
+        """One torchrun agent per learner node. Static rendezvous: ranks are numbered node after node in node-rank
+        order, so the plan knows which node holds each rank (rank 0 binds the weights port) before anything starts.
+        rlctl.torchrun is torchrun with its workers forked from the agent (torch imported once, not twice)."""
+        spec, node_procs = self.spec, self.spec.learner_node_procs
+        for node, h in enumerate(self.learner_nodes):
+            argv = ["{python}", "-m", "rlctl.torchrun",
+                    "--nnodes", str(len(self.learner_nodes)), "--nproc-per-node", str(node_procs[node]),
+                    "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", rendezvous,
+                    "--rdzv-id", self.run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
+                    "--monitor-interval", "0.02",
+                    "--start-method", "fork",
+                    "-m", ROLE_MODULES["learner"]]
+            bind = self.net.bind(h)
+            binds = {"weights": f"tcp://{bind}:{ports.weights}", "rendezvous": f"{bind}:{ports.rendezvous}"}
+            first = sum(node_procs[:node])
+            for rank in range(first, first + node_procs[node]):
+                binds.update(rank_binds.get(rank, {}))
+            self.add("learner", node, h, ROLE_MODULES["learner"], binds, argv)
 
 
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
@@ -186,46 +266,21 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     `control_address`: where Slurm steps reach the supervisor's control socket (an SSH session forwards it instead).
     """
     hosts = placement(spec)
-    all_local = all(h.is_local for h in hosts)
-    bind_host = "127.0.0.1" if all_local else "0.0.0.0"
-
-    def addr(h: HostSpec) -> str:
-        if all_local:
-            return "127.0.0.1"
-        return h.advertise_address or (addresses or {}).get(h.name) or h.destination
-
+    net = Addressing(hosts, addresses)
+    ports = PortLayout(spec, base_port)
     head = next(h for h in hosts if h.learner)
-    shards = [h for h in hosts for _ in range(h.replay_shards)]
-    port = iter(range(base_port, base_port + ports_needed(spec)))
-    control_port, weights_port, rdzv_port = next(port), next(port), next(port)
-    replay_eps = []
-    for h in shards:
-        exp, smp = next(port), next(port)
-        replay_eps.append({"host": h.name, "experience": f"tcp://{addr(h)}:{exp}", "sample": f"tcp://{addr(h)}:{smp}",
-                           "bind_experience": f"tcp://{_bind(h, all_local)}:{exp}",
-                           "bind_sample": f"tcp://{_bind(h, all_local)}:{smp}"})
-    # Rollout algorithms: one PULL socket per learner rank; collector c sends to rank c % ranks.
-    learner_nodes = [h for h in hosts if h.learner]
-    rollout_ports = [] if spec.algo.uses_replay else [next(port) for _ in range(spec.learner_ranks)]
-    node_procs = spec.learner_node_procs
+    data = spec.data_path.plan(spec, hosts, ports.data, net.addr, net.bind)
     # Central inference: servers on the learner hosts, each with its request port; collector c asks server c % n.
-    servers = [h for h in learner_nodes for _ in range(spec.inference.servers_per_host if spec.central_inference else 0)]
-    inference_ports = [next(port) for _ in servers]
+    servers = [h for h in hosts if h.learner for _ in range(spec.inference.servers_per_host if spec.central_inference
+                                                            else 0)]
     # The supervisor's control socket lives on the launching machine: on loopback, where SSH sessions forward it;
     # Slurm steps connect to it (as srun's own steps do to srun) at the address the nodes route to.
     slurm = any(h.slurm_job is not None for h in hosts)
-    control = f"tcp://{control_address if slurm else '127.0.0.1'}:{control_port}"
-    endpoints: dict[str, object] = {
-        "control": control,
-        "weights": f"tcp://{addr(head)}:{weights_port}",
-        "rendezvous": f"{addr(head)}:{rdzv_port}",
-        "replay": [{"experience": r["experience"], "sample": r["sample"]} for r in replay_eps],
-    }
+    control = f"tcp://{control_address if slurm else '127.0.0.1'}:{ports.control}"
+    endpoints: dict[str, object] = {"control": control, "weights": f"tcp://{net.addr(head)}:{ports.weights}",
+                                    "rendezvous": f"{net.addr(head)}:{ports.rendezvous}", **data.endpoints}
     if servers:
-        endpoints["inference"] = [f"tcp://{addr(h)}:{p}" for h, p in zip(servers, inference_ports)]
-    if rollout_ports:
-        endpoints["rollouts"] = [f"tcp://{addr(learner_nodes[spec.learner_node_of(r)])}:{p}"
-                                 for r, p in enumerate(rollout_ports)]
+        endpoints["inference"] = [f"tcp://{net.addr(h)}:{p}" for h, p in zip(servers, ports.inference)]
     base_env = {
         "RLCTL_RUN_ID": run_id,
         "RLCTL_JOB": f"{run_dir}/job.toml",
@@ -235,82 +290,32 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
     }
-    procs: list[ProcessSpec] = []
     # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.weights), when there are any.
     # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
     subscribers = {"evaluator", "inference"} if servers else {"evaluator", "collector"}
     board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
-
-    def add(role: str, rank: int, h: HostSpec, argv: list[str], binds: dict[str, str]) -> None:
-        name = f"{role}-{rank}"
-        env = {**base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
-               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
-               "RLCTL_TORCH_THREADS": learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
-        if spec.topology.learner_cores == "dedicated" and h.learner:
-            node = next(i for i, n in enumerate(learner_nodes) if n is h)
-            env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{learner_threads(h, node_procs[node])}"
-        if board and h is head and (role == "learner" or role in subscribers):
-            env["RLCTL_WEIGHT_BOARD"] = board
-        # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
-        # otherwise listen on whatever the host name resolves to).
-        env["RLCTL_ADVERTISE"] = addr(h)
-        if not h.is_local:
-            # The job file arrives on the session's stdin; the run's files live under the host's workdir.
-            remote_dir = remote_run_dir(run_id)
-            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(run_id),
-                       RLCTL_CONTROL=control if h.slurm_job is not None
-                       else f"ipc://{control_socket(run_id, name, board_token)}")
-        py = python if (python and h.is_local) else h.python
-        secret = tuple(sorted(h.env))
-        command = [py if a == "{python}" else a for a in argv]
-        full = launcher_for(h).argv(h, command, env, control_port, frozenset(secret))
-        procs.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES, not h.is_local,
-                                 secret, tuple(command)))
-
-    def learner_threads(h: HostSpec, ranks: int) -> str:
-        """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
-        processes (one thread each) shared by its ranks: counted here for this machine, on the host for others."""
-        if spec.topology.learner_threads:
-            return str(spec.topology.learner_threads)
-        others = other_processes(spec, h)
-        return str(auto_threads(usable_cpus(), others, ranks)) if h.is_local else f"auto:{others}"
-
-    for rank, (h, r) in enumerate(zip(shards, replay_eps)):
-        add("replay", rank, h, ["{python}", "-m", ROLE_MODULES["replay"]],
-            {"experience": r["bind_experience"], "sample": r["bind_sample"]})
-    for node, h in enumerate(learner_nodes):
-        # Static rendezvous: ranks are numbered node after node in node-rank order, so the plan knows which node
-        # holds each rank (rank 0 binds the weights port, rank r its rollout port) before anything starts.
-        # rlctl.torchrun is torchrun with its workers forked from the agent (torch imported once, not twice).
-        argv = ["{python}", "-m", "rlctl.torchrun",
-                "--nnodes", str(len(learner_nodes)), "--nproc-per-node", str(node_procs[node]),
-                "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", str(endpoints["rendezvous"]),
-                "--rdzv-id", run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
-                "--monitor-interval", "0.02",
-                "--start-method", "fork",
-                "-m", ROLE_MODULES["learner"]]
-        binds = {"weights": f"tcp://{_bind(h, all_local)}:{weights_port}",
-                 "rendezvous": f"{_bind(h, all_local)}:{rdzv_port}"}
-        first = sum(node_procs[:node])
-        for rank in range(first, first + node_procs[node]) if rollout_ports else ():
-            binds[f"rollouts-{rank}"] = f"tcp://{_bind(h, all_local)}:{rollout_ports[rank]}"
-        add("learner", node, h, argv, binds)
-    evaluators = [h for h in hosts if h.evaluator]
-    for rank, h in enumerate(evaluators):
-        add("evaluator", rank, h, ["{python}", "-m", ROLE_MODULES["evaluator"]], {})
-    for rank, (h, p) in enumerate(zip(servers, inference_ports)):
-        add("inference", rank, h, ["{python}", "-m", ROLE_MODULES["inference"]],
-            {"inference": f"tcp://{_bind(h, all_local)}:{p}"})
+    build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
+                           board_token)
+    for p in data.processes:
+        build.add(p.role, p.rank, p.host, p.module, p.binds)
+    build.add_learners(ports, str(endpoints["rendezvous"]), data.rank_binds)
+    for rank, h in enumerate(h for h in hosts if h.evaluator):
+        build.add("evaluator", rank, h, ROLE_MODULES["evaluator"], {})
+    for rank, (h, p) in enumerate(zip(servers, ports.inference)):
+        build.add("inference", rank, h, ROLE_MODULES["inference"], {"inference": f"tcp://{net.bind(h)}:{p}"})
     collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES["collector"]
     for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
-        add("collector", rank, h, ["{python}", "-m", collector_module], {})
+        build.add("collector", rank, h, collector_module, {})
+    return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
+                      base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
 
-    host_rows = [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": addr(h),
-                  "via": "local" if h.is_local else "slurm" if h.slurm_job is not None else "ssh",
-                  "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
-                  "evaluator": h.evaluator} for h in hosts]
-    return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, bind_host, base_port,
-                      endpoints, host_rows, procs, board_token)
+
+def host_rows(hosts: list[HostSpec], net: Addressing) -> list[dict]:
+    """The plan's table of hosts: where each is reached, how, and what runs there."""
+    return [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": net.addr(h),
+             "via": "local" if h.is_local else "slurm" if h.slurm_job is not None else "ssh",
+             "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
+             "evaluator": h.evaluator} for h in hosts]
 
 
 def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
@@ -389,10 +394,6 @@ def core_ranges(cpus: list[int]) -> str:
         else:
             spans.append([c, c])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def _bind(h: HostSpec, all_local: bool) -> str:
-    return "127.0.0.1" if all_local else (h.advertise_address or "0.0.0.0")
 
 
 def local_python() -> str:

@@ -134,7 +134,7 @@ def with_allocation(spec: JobSpec, alloc: Allocation, python: str, workdir: str)
     for n in nodes:
         learner = n in learners
         shards = cluster.replay_shards_per_learner_node
-        shards = (spec.topology.learner_procs if shards is None else shards) if spec.algo.uses_replay else 0
+        shards = (spec.topology.learner_procs if shards is None else shards) if spec.data_path.shard_role else 0
         hosts.append({
             "name": n, "address": n, "advertise_address": alloc.addresses.get(n, n), "python": cluster.python or python,
             "workdir": cluster.workdir or workdir, "slurm_job": alloc.job_id, "learner": learner,

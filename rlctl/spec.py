@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from rlctl.algos import ALGORITHMS, AlgorithmEntry
+from rlctl.datapaths import DataPath
+from rlctl.ports import PortLayout
 from rlctl.specbase import NonNegInt, PosFloat, PosInt, Section
 
 if sys.version_info >= (3, 11):
@@ -25,9 +27,6 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
-# Items a replay shard serves per sample request: rlctl.roles.replay.MAX_SAMPLE, mirrored here (a test keeps the two
-# equal) so that loading a job imports nothing heavy. A larger algorithm.batch_size would have every request dropped.
-REPLAY_MAX_SAMPLE = 1 << 16
 MAX_PORT = 65535
 # With network.base_port = 0, rlctl.plan.choose_base_port picks a range within these ports, in steps of 16. It ends
 # where Linux's ephemeral ports begin (ip_local_port_range): any outgoing connection may hold one of those for a
@@ -174,6 +173,8 @@ class EnvSpec(Section):
 # Each algorithm's own section model, from the registry (rlctl.algos): the `[algorithm]` table is one of them,
 # chosen by its `name`.
 ALGORITHM_SPECS: dict[str, type[Section]] = {name: entry.load("spec") for name, entry in ALGORITHMS.items()}
+for _name, _section in ALGORITHM_SPECS.items():  # each section has what its data path reads, or the registry is wrong
+    ALGORITHMS[_name].data_path.check_section(ALGORITHMS[_name], _section)
 ALGORITHM_NAMES = tuple(ALGORITHM_SPECS)
 AlgorithmSpec = Annotated[Union[tuple(ALGORITHM_SPECS.values())], Field(discriminator="name")]
 
@@ -479,10 +480,7 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _check_collectors(self) -> "JobSpec":
-        if not self.algo.uses_replay and self.collector_count < self.learner_ranks:
-            where = "hosts" if self.hosts else "topology.collectors"
-            raise ValueError(f"{where}: {self.algorithm.name} sends each collector's rollouts to one learner rank, so it "
-                             f"needs at least one collector per rank ({self.collector_count} < {self.learner_ranks})")
+        self.data_path.check_collectors(self)
         return self
 
     def _explicit_host_counts(self) -> str:
@@ -520,13 +518,7 @@ class JobSpec(Section):
             raise ValueError("hosts: at least one host must have learner = true (the first one is the head, rank 0)")
         if sum(h.evaluator for h in self.hosts) > 1:
             raise ValueError("hosts: at most one host may have evaluator = true")
-        if self.algo.uses_replay and sum(h.replay_shards for h in self.hosts) == 0:
-            raise ValueError(f"hosts: algorithm {self.algorithm.name!r} needs replay: give some host replay_shards >= 1")
-        if not self.algo.uses_replay:
-            for i, h in enumerate(self.hosts):
-                if h.replay_shards:
-                    raise ValueError(f"hosts[{i}].replay_shards: {self.algorithm.name} learns from rollouts, not "
-                                     f"replay, so {h.name!r} would run shards that nothing uses (set 0)")
+        self.data_path.check_hosts(self)
         for i, h in enumerate(self.hosts):
             if h.learner_procs is not None and not h.learner:
                 raise ValueError(f"hosts[{i}].learner_procs: {h.name!r} runs no learner (set learner = true)")
@@ -541,14 +533,7 @@ class JobSpec(Section):
     @model_validator(mode="after")
     def _check_runnable(self) -> "JobSpec":
         # After the checks above, so that their (more basic) complaints come first.
-        where = "hosts" if self.hosts else "topology.collectors"
-        if self.algo.uses_replay and self.collector_count == 0:
-            raise ValueError(f"{where}: {self.algorithm.name} needs at least one collector to fill its replay shards"
-                             + ("; give some host collectors >= 1" if self.hosts else ""))
-        batch = getattr(self.algorithm, "batch_size", None)
-        if self.algo.uses_replay and batch is not None and batch > REPLAY_MAX_SAMPLE:
-            raise ValueError(f"algorithm.batch_size: {batch} is more than a replay shard serves per request "
-                             f"({REPLAY_MAX_SAMPLE}); every sample request would be dropped")
+        self.data_path.check_algorithm(self)
         need, base = self.port_count, self.network.base_port
         top = MAX_PORT + 1 - need  # the highest base that fits the job's range
         fix = f"set network.base_port to at most {top}" if top >= 1024 else "run fewer replay shards or learner ranks"
@@ -564,6 +549,11 @@ class JobSpec(Section):
     def algo(self) -> AlgorithmEntry:
         """The algorithm's registry entry (its traits and parts)."""
         return ALGORITHMS[self.algorithm.name]
+
+    @property
+    def data_path(self) -> DataPath:
+        """The data path of the job's algorithm (rlctl.datapaths)."""
+        return self.algo.data_path
 
     @property
     def learner_node_procs(self) -> list[int]:
@@ -588,12 +578,8 @@ class JobSpec(Section):
 
     @property
     def replay_shard_count(self) -> int:
-        """Total replay shards (0 for on-policy algorithms)."""
-        if not self.algo.uses_replay:
-            return 0
-        if self.hosts:
-            return sum(h.replay_shards for h in self.hosts)
-        return self.topology.replay_shards or self.learner_ranks
+        """Total replay shards (0 when the data path has none)."""
+        return self.data_path.shard_count(self)
 
     @property
     def collector_count(self) -> int:
@@ -612,11 +598,8 @@ class JobSpec(Section):
 
     @property
     def port_count(self) -> int:
-        """Size of the job's contiguous port range (rlctl.plan lays the ports out in this order): control,
-        weights and rendezvous, two per replay shard, one per learner rank for rollouts, one per inference server,
-        and one more."""
-        rollout_ports = 0 if self.algo.uses_replay else self.learner_ranks
-        return 3 + 2 * self.replay_shard_count + rollout_ports + self.inference_server_count + 1
+        """Size of the job's contiguous port range (laid out by rlctl.ports.PortLayout)."""
+        return PortLayout(self, 0).size
 
 
 # Packages that register gymnasium ids when imported (and the rlctl extra that installs each), by id namespace.

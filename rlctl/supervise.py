@@ -775,8 +775,8 @@ class Supervisor:
         """Everything at once, except replay shards, which outlive the learners (a last update samples from them);
         SIGKILL after the grace."""
         learners = [h for h in self.handles if h.spec.role == "learner"]
-        shards = [h for h in self.handles if h.spec.role == "replay"]
-        others = [h for h in self.handles if h.spec.role not in ("learner", "replay")]
+        shards = [h for h in self.handles if h.spec.role == self.spec.data_path.shard_role]
+        others = [h for h in self.handles if h not in learners and h not in shards]
         self._signals_at_shutdown = self.stop_signals
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
         # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from rlctl import wire
-from rlctl.algos import ALGORITHMS, REPLAY, build_model
+from rlctl.algos import ALGORITHMS, build_model
 from rlctl.algos.base import ActorSetup
 from rlctl.buffers import PrioritizedReplay
 from rlctl.envs import env_space_info, make_vec_env
 from rlctl.models import flat_parameters
 from rlctl.roles.learner import build_core
-from rlctl.roles.learner_data import stack_rollouts
+from rlctl.datapaths.rollout_source import stack_rollouts
 from rlctl.spec import validate_job
 
 SMALL = {
@@ -72,7 +72,7 @@ def collect_blocks(job, count: int):
 def learner_batch(job, blocks):
     """A learner batch from the actor's blocks: sampled from a real PrioritizedReplay (replay data path, with the
     actor's initial priorities), or two rollouts stacked as the learner's rollout source stacks them."""
-    if job.algo.data == REPLAY:
+    if job.algo.data_path.shard_role:
         items = [b.arrays for b in blocks]
         fields = {k: (v.shape[1:], v.dtype) for k, v in items[0].items() if k != "priority"}
         replay = PrioritizedReplay(1000, fields, seed=0)
@@ -91,11 +91,10 @@ def test_actor_core_feeds_learner_core_in_process(name):
     torch.manual_seed(0)
     job = small_job(name)
     info, _, actor, blocks = collect_blocks(job, 6)
-    assert actor.kind == ("experience" if job.algo.data == REPLAY else "rollout")
     core = build_core(job, info, torch.device("cpu"))
     before = flat_parameters(core.model).clone()
     result = core.update(learner_batch(job, blocks))
-    if job.algo.data == REPLAY:
+    if job.algo.data_path.shard_role:
         assert result.priorities is not None and result.priorities.shape == (job.algorithm.batch_size,)
         assert np.isfinite(result.priorities).all()
     assert result.samples > 0

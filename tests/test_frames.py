@@ -20,7 +20,7 @@ from rlctl.algos.apex.dqn import ChunkedNStep
 from rlctl.buffers import SnapshotError, load_snapshot, save_snapshot
 from rlctl.frames import (FRAME_SLACK, MIN_FRAME_CHUNK_STEPS, FrameReplay, frame_capacity, frame_table,
                           parse_frame_items, parse_rollout_frames, rollout_frames)
-from rlctl.roles.learner_data import RolloutInbox, stack_rollouts
+from rlctl.datapaths.rollout_source import RolloutInbox, stack_rollouts
 from rlctl.wire import Message
 
 

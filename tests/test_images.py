@@ -127,7 +127,7 @@ def test_rollout_socket_buffers_scale_with_the_rollout():
     woke the learner's I/O thread 4,800 times a second on the learner's core), while CartPole's stay at 4 KB and
     hold a fraction of one rollout (the bound on async policy lag)."""
     from rlctl.envs import probe_space_info
-    from rlctl.roles.learner_data import rollout_buffer_bytes
+    from rlctl.datapaths.rollout_source import rollout_buffer_bytes
 
     pong, cartpole = load_job(REPO / "jobs" / "appo-pong.toml"), load_job(REPO / "jobs" / "appo.toml")
     big = rollout_buffer_bytes(pong, probe_space_info(pong.env))

@@ -333,7 +333,7 @@ def _check(n_actions: int = 2, frame_stack: int = 0):
     """A rollout inbox's validator (of 4-step rollouts: of 3-float observations, or of 2-frame 2 x 3 stacks)."""
     from rlctl.algos.onpolicy.actor import rollout_layout
     from rlctl.envs import SpaceInfo
-    from rlctl.roles.learner_data import RolloutCheck
+    from rlctl.datapaths.rollout_source import RolloutCheck
 
     info = SpaceInfo((2, 2, 3), "uint8", n_actions) if frame_stack else SpaceInfo((3,), "float32", n_actions)
     return RolloutCheck(rollout_layout(4, info), n_actions, frame_stack)

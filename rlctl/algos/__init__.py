@@ -7,8 +7,7 @@ imports none of them) and the traits the rest of rlctl plans and runs by:
 * `learner`: its `LearnerCore` (rlctl.algos.base): the update math the learner shell (roles/learner.py) feeds;
 * `actor`: its `ActorCore`: acting and cutting experience inside the collector shell (roles/collector.py);
 * `model`: `build(job, info) -> nn.Module`, the network the learner trains and actors and evaluators run;
-* `data`: how experience travels, `replay` (collectors -> replay shards -> sampled batches; the plan starts the
-  shards) or `rollouts` (collector c -> learner rank c mod ranks);
+* `data`: the name of its data path (rlctl.datapaths: `replay` or `rollouts`), which owns how experience travels;
 * `synchronous`: collectors wait for each new version (every round on-policy), else they never wait;
 * `recurrent`: policies carry a state across steps (`greedy(obs, state) -> (actions, state)`).
 
@@ -20,7 +19,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-REPLAY, ROLLOUTS = "replay", "rollouts"
+from rlctl.datapaths import DATA_PATHS, REPLAY, ROLLOUTS, DataPath
+
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class AlgorithmEntry:
     recurrent: bool = False
 
     @property
-    def uses_replay(self) -> bool:
-        """Experience goes through replay shards (which the plan then starts)."""
-        return self.data == REPLAY
+    def data_path(self) -> DataPath:
+        """The data path its experience travels by."""
+        return DATA_PATHS[self.data]
 
     def load(self, part: str):
         """The object one of `spec`, `learner`, `actor`, `model` refers to, imported now."""

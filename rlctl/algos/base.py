@@ -142,8 +142,6 @@ class ActorCore:
     collectors' cores (central inference); the core itself does not know which of the two drives it.
     """
 
-    kind = "experience"  # message kind of what take() returns
-
     @staticmethod
     def item_layout(job, info) -> dict:
         """Replay algorithms: one stored item's fields -> (shape, dtype); shards accept exactly this (+ priority)."""

@@ -18,59 +18,18 @@ import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.algos import REPLAY, build_model
+from rlctl.algos import build_model
 from rlctl.algos.base import ActorCore, ActorSetup
+from rlctl.datapaths.sender import ExperienceSender
 from rlctl.envs import env_space_info, make_vec_env
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, schedule_as_batch, set_torch_threads
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
-from rlctl.roles.learner_data import rollout_buffer_bytes
 from rlctl.weights import WeightSubscriber
-
-
-
-class ExperienceSender:
-    """PUSH to replay shards (ZeroMQ spreads batches over the shards that have room) or to one learner rank."""
-
-    def __init__(self, net: wire.SecureContext, endpoints: str | list[str], sender: str, kind: str, sndbuf: int):
-        # Small queues and kernel buffers: when shards rate-limit (or a learner is busy), a collector blocks
-        # within a batch or two instead of parking stale transitions in TCP buffers (see BUFFERED_TRANSITIONS).
-        self.sock = net.client(zmq.PUSH, endpoints, sndhwm=1, sndbuf=sndbuf)
-        self.sender, self.kind = sender, kind
-        self.sent = 0
-
-    def try_send(self, batch: dict[str, np.ndarray], version: int, sender: str | None = None) -> bool:
-        """Send unless every shard is full (backpressure from a rate-limited shard); `sender` names the collector
-        the experience is of (an inference server sends for many)."""
-        try:
-            wire.send(self.sock, self.kind, sender or self.sender, version, None, batch, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        self.sent += batch["reward"].size
-        return True
-
-    def send_blocking(self, batch: dict[str, np.ndarray], version: int, stop: StopFlag, on_wait,
-                      sender: str | None = None) -> bool:
-        """Send, waiting for room (backpressure) while calling `on_wait`; False if stopped first."""
-        while not stop:
-            if self.try_send(batch, version, sender):
-                return True
-            self.sock.poll(20, zmq.POLLOUT)
-            on_wait()
-        return False
 
 
 def build_actor(rc: RoleContext, info, model: torch.nn.Module, num_envs: int) -> ActorCore:
     """The job's actor core for this collector."""
     return rc.job.algo.load("actor")(ActorSetup(rc.job, info, model, rc.rank, num_envs, rc.seed))
-
-
-def experience_sender(rc: RoleContext, net: wire.SecureContext, kind: str, info, collector: int) -> ExperienceSender:
-    """PUSH to every replay shard (replay data path), or to learner rank c % ranks for collector c (rollouts)."""
-    if rc.job.algo.data == REPLAY:
-        return ExperienceSender(net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind,
-                                wire.experience_buffer_bytes(info.obs_bytes))
-    ranks = rc.endpoints["rollouts"]
-    return ExperienceSender(net, ranks[collector % len(ranks)], rc.name, kind, rollout_buffer_bytes(rc.job, info))
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
@@ -86,7 +45,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     actor = build_actor(rc, info, model, env.num_envs)
-    sender = experience_sender(rc, net, actor.kind, info, rc.rank)
+    sender = rc.job.data_path.senders(net, rc.endpoints, rc.job, info, rc.name, collector=rc.rank)[0]
     print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
           f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
           f"pid {os.getpid()}{', SCHED_BATCH' if batch else ''} {actor.describe()}", flush=True)

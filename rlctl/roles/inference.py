@@ -30,12 +30,11 @@ import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.algos import REPLAY, build_model
+from rlctl.algos import build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import SpaceInfo, probe_space_info
-from rlctl.roles.collector import ExperienceSender
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.roles.learner_data import collector_index, rollout_buffer_bytes
+from rlctl.control import collector_index
 from rlctl.weights import WeightSubscriber
 
 ACTIVE_S = 1.0  # a collector heard from within this long is one a batch waits for (up to the deadline)
@@ -132,13 +131,8 @@ class InferenceServer:
         self.sock = self.net.server(zmq.ROUTER, rc.binds["inference"], router_mandatory=1, sndhwm=1000,
                                     rcvhwm=1000, maxmsgsize=wire.CONTROL_MAXMSGSIZE + obs_frame)
         self.actor_class = job.algo.load("actor")
-        kind = self.actor_class.kind
-        if job.algo.data == REPLAY:
-            self.senders = [ExperienceSender(self.net, [r["experience"] for r in rc.endpoints["replay"]], rc.name, kind,
-                                             wire.experience_buffer_bytes(self.info.obs_bytes))]
-        else:
-            self.senders = [ExperienceSender(self.net, ep, rc.name, kind, rollout_buffer_bytes(job, self.info))
-                            for ep in rc.endpoints["rollouts"]]
+        # Collector c's experience goes through senders[c % len(senders)] (one to every shard, or one per rank).
+        self.senders = job.data_path.senders(self.net, rc.endpoints, job, self.info, rc.name)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.weights.sock, zmq.POLLIN)

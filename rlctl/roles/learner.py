@@ -2,7 +2,7 @@
 
 Always started by torchrun, so one code path serves 1 CPU process and N nodes x M GPUs. The shell owns everything
 that is not the algorithm's math: process group and DDP, device, seeding, the data source of the algorithm's data
-path (roles/learner_data.py), stop agreement across ranks, weight publication (rank 0), checkpoints (rank 0) and
+path (rlctl.datapaths), stop agreement across ranks, weight publication (rank 0), checkpoints (rank 0) and
 heartbeats. The algorithm's `LearnerCore` (rlctl.algos) turns each batch into one update.
 """
 
@@ -20,14 +20,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.algos import REPLAY
 from rlctl.algos.base import LearnerCore, LearnerSetup
 from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
 from rlctl.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.roles.learner_data import ReplaySource, RolloutSource
 from rlctl.spec import resolved_dict
 from rlctl.weights import WeightPublisher
 
@@ -86,13 +84,7 @@ class LearnerShell:
         self.model = self.core.model
         self.net = wire.SecureContext(rc.keys)
         self.control = ControlClient(self.net, rc)
-        if job.algo.data == REPLAY:
-            self.source = ReplaySource(self.net, rc.endpoints["replay"], job, self.info, self.rank, self.world,
-                                       rc.name)
-        else:
-            layout = job.algo.load("actor").layout
-            self.source = RolloutSource(self.net, rc.binds[f"rollouts-{self.rank}"], job, self.info, layout,
-                                        self.rank, self.world, device)
+        self.source = job.data_path.learner_source(self.net, rc, job, self.info, self.rank, self.world, device)
         self.pub = WeightPublisher(self.net, rc.binds["weights"], rc.name, rc.weight_board) if self.rank == 0 else None
         self.waiting = zmq.Poller()  # data, or (rank 0) a new subscriber to welcome with the current weights
         self.waiting.register(self.source.sock, zmq.POLLIN)

@@ -18,11 +18,11 @@ import zmq
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
+from rlctl.datapaths.replay import MAX_SAMPLE
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.frames import FrameReplay, frame_capacity, frame_stack_depth, parse_frame_items
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
-MAX_SAMPLE = 1 << 16
 MAX_ITEMS = 1 << 20  # items one experience message may carry (a collector sends a few thousand)
 
 

@@ -55,7 +55,6 @@ class RolloutActor(ActorCore):
     on-policy); APPO and IMPALA take whatever version is newest and never wait.
     """
 
-    kind = "rollout"
     layout = staticmethod(rollout_layout)  # what the learner's rollout inbox accepts
 
     def __init__(self, setup: ActorSetup):

@@ -1,20 +1,12 @@
-"""Where a learner rank's batches come from, one class per data path of the registry (rlctl.algos):
-
-* `ReplaySource` (`replay`): batches sampled from this rank's replay shard(s), `prefetch` requests always in
-  flight, new priorities sent back;
-* `RolloutSource` (`rollouts`): this rank's PULL socket; collector c sends to rank c % ranks. Synchronous
-  algorithms (PPO) take one rollout of the current version from each of the rank's collectors, older ones are
-  dropped and counted; asynchronous ones (APPO, IMPALA) take `rollouts_per_update` (`batch_steps` env steps) within
-  `max_policy_lag`.
-
-Both expose `sock` (for the shell's poller), `take(version)` (a batch, or None if it is not complete yet, never
-blocking), `feedback(batch, result)` and `metrics()`.
+"""The rollouts data path's learner side: this rank's PULL socket, where collector c sends to rank c % ranks.
+Synchronous algorithms (PPO) take one rollout of the current version from each of the rank's collectors, older
+ones are dropped and counted; asynchronous ones (APPO, IMPALA) take `rollouts_per_update` (`batch_steps` env steps)
+within `max_policy_lag` (`RolloutSource`, built by rlctl.datapaths.rollouts.RolloutPath.learner_source).
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
@@ -23,11 +15,9 @@ import zmq
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos.base import UpdateResult
-from rlctl.control import SENDER
+from rlctl.control import collector_index
 from rlctl.envs import SpaceInfo
 from rlctl.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
-
-RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which sample requests are sent again
 
 
 def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
@@ -39,97 +29,6 @@ def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
     layout = job.algo.load("actor").layout(job.algorithm.rollout_len, info)
     whole = sum(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
     return min(max(whole // 16, wire.SOCKET_BUFFER_MIN), wire.SOCKET_BUFFER_MAX)
-
-
-class SampleStream:
-    """Pipelined sampling from this rank's shard(s): `prefetch` requests always in flight."""
-
-    def __init__(self, net: wire.SecureContext, endpoints: list[str], batch_size: int, prefetch: int, name: str,
-                 layout: dict, n_actions: int = 0):
-        # No frame larger than a batch of the biggest field is received at all.
-        item_bytes = max(8, *(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in layout.values()))
-        self.sock = net.client(zmq.DEALER, endpoints, sndhwm=1000, rcvhwm=1000,
-                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + batch_size * item_bytes)
-        # What every batch must be: the item layout, `keys` and `weights`, batch_size rows each.
-        self.expected = {**{k: ((batch_size, *shape), np.dtype(dt)) for k, (shape, dt) in layout.items()},
-                         "keys": ((batch_size,), np.dtype(np.int64)), "weights": ((batch_size,), np.dtype(np.float32))}
-        self.n_actions = n_actions
-        self.batch_size, self.name, self.prefetch = batch_size, name, prefetch
-        self.dropped = 0
-        self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
-        for _ in range(prefetch):
-            self.request()
-
-    def request(self) -> None:
-        """Ask for one more batch."""
-        wire.send(self.sock, "sample", self.name, 0, {"n": self.batch_size})
-
-    def next(self, timeout_ms: int) -> dict[str, np.ndarray] | None:
-        """The next batch, or None after `timeout_ms`; immediately re-requests so the pipe stays full."""
-        while self.sock.poll(timeout_ms):
-            try:
-                _, msg = wire.recv(self.sock, zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            except wire.WireError:
-                self.dropped += 1
-                continue
-            if not self._valid(msg):
-                self.dropped += 1
-                continue
-            self.request()
-            self.last_reply, self.resend_after = time.monotonic(), RESEND_FIRST_S
-            return msg.arrays
-        if time.monotonic() - self.last_reply > self.resend_after:
-            # A shard that died took the requests it held (a restarted one knows none): ask again, backing off while
-            # shards are merely filling up to min_size, so extra requests stay few.
-            for _ in range(self.prefetch):
-                self.request()
-            self.last_reply, self.resend_after = time.monotonic(), min(2 * self.resend_after, RESEND_MAX_S)
-        return None
-
-    def _valid(self, msg: wire.Message) -> bool:
-        """A batch of exactly the expected fields, shapes and dtypes, its actions in range."""
-        if msg.kind != "batch" or msg.arrays.keys() != self.expected.keys():
-            return False
-        if any(a.shape != self.expected[k][0] or a.dtype != self.expected[k][1] for k, a in msg.arrays.items()):
-            return False
-        return "action" not in msg.arrays or actions_in_range(msg.arrays["action"], self.n_actions)
-
-    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
-        """Send new priorities back (fire and forget; the shard ignores stale keys)."""
-        wire.send(self.sock, "priorities", self.name, 0, None, {"keys": keys, "priority": priorities})
-
-
-def shards_for_rank(rank: int, world: int, shards: int) -> list[int]:
-    """Replay shards a rank samples from: its own (r, r+world, ...), or a shared one when shards < ranks."""
-    mine = list(range(rank, shards, world))
-    return mine or [rank % shards]
-
-
-class ReplaySource:
-    """The replay data path: sampled batches in, priorities out."""
-
-    def __init__(self, net: wire.SecureContext, endpoints: list[dict], job, info: SpaceInfo, rank: int, world: int,
-                 name: str):
-        algo = job.algorithm
-        self.stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
-                                   algo.batch_size, algo.prefetch, name, job.algo.load("actor").item_layout(job, info),
-                                   info.n_actions)
-        self.sock = self.stream.sock
-
-    def take(self, version: int) -> dict[str, np.ndarray] | None:
-        """A sampled batch if one has arrived."""
-        return self.stream.next(0)
-
-    def feedback(self, batch: dict, result: UpdateResult) -> None:
-        """The core's new priorities for the sampled keys."""
-        if result.priorities is not None:
-            self.stream.update_priorities(np.array(batch["keys"]), result.priorities)
-
-    def metrics(self) -> dict:
-        """Figures for the heartbeat."""
-        return {M.NET_DROPPED: self.stream.dropped}
 
 
 class RolloutCheck:
@@ -196,12 +95,6 @@ def actions_in_range(actions: np.ndarray, n_actions: int) -> bool:
     if n_actions:
         return bool(actions.min() >= 0 and actions.max() < n_actions)
     return bool(np.isfinite(actions).all())
-
-
-def collector_index(sender: str) -> int:
-    """`collector-3` -> 3 (-1 for anything else)."""
-    match = SENDER.fullmatch(sender)
-    return int(match.group(2)) if match and match.group(1) == "collector" else -1  # ASCII digits: never "²"
 
 
 def stack_rollouts(msgs: list[wire.Message], device: torch.device, frame_stack: int = 0) -> dict[str, torch.Tensor]:

@@ -1,0 +1,17 @@
+"""The job's contiguous port range, laid out once: the job schema checks its size, the launch plan binds it."""
+
+from __future__ import annotations
+
+
+class PortLayout:
+    """Ports from `base` in this order: control, weights, rendezvous, the data path's groups (e.g. two per replay
+    shard, or one per learner rank for rollouts), one per inference server, and one spare."""
+
+    def __init__(self, job, base: int):
+        self.base = base
+        ports = iter(range(base, 1 << 30))
+        self.control, self.weights, self.rendezvous = next(ports), next(ports), next(ports)
+        groups, per_group = job.data_path.port_groups(job)
+        self.data = [[next(ports) for _ in range(per_group)] for _ in range(groups)]
+        self.inference = [next(ports) for _ in range(job.inference_server_count)]
+        self.size = next(ports) + 1 - base  # the spare included
