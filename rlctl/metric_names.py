@@ -31,6 +31,7 @@ Q_MEAN = "learner/q_mean"
 Q_ABS_MAX = "learner/q_abs_max"  # largest |Q| of a batch, in return units (averaged between heartbeats)
 Q_BOUND = "learner/q_bound"  # the largest |Q| the rewards seen and gamma allow: max|r| / (1 - gamma)
 DIVERGING = "learner/diverging"  # 1 while the learner's values are non-finite or run far past Q_BOUND
+GRAD_NORM = "learner/grad_norm"  # global gradient norm before clipping, mean over an update's steps
 NONFINITE_UPDATES = "learner/nonfinite_updates"  # gradient steps skipped for a non-finite gradient (never applied)
 LR = "learner/lr"
 POLICY_LAG_MEAN = "learner/policy_lag_mean"

@@ -124,6 +124,15 @@ def all_finite(arrays) -> bool:
     return all(np.isfinite(a).all() for a in arrays if a.dtype.kind == "f")
 
 
+def actions_in_range(actions: np.ndarray, n_actions: int) -> bool:
+    """Discrete actions (n_actions > 0) within [0, n_actions); continuous ones finite."""
+    if actions.size == 0:
+        return True
+    if n_actions:
+        return bool(actions.min() >= 0 and actions.max() < n_actions)
+    return bool(np.isfinite(actions).all())
+
+
 def _buffer(frame: Any) -> memoryview:
     if isinstance(frame, zmq.Frame):
         return frame.buffer

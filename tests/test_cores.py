@@ -14,9 +14,9 @@ import torch
 
 from rlctl import wire
 from rlctl.algos import ALGORITHMS, build_model
-from rlctl.algos.base import ActorSetup
+from rlctl.algos.base import ActorCore, ActorSetup, LearnerCore
 from rlctl.buffers import PrioritizedReplay
-from rlctl.envs import env_space_info, make_vec_env
+from rlctl.envs import env_space_info, make_vec_env, probe_space_info
 from rlctl.models import flat_parameters
 from rlctl.roles.learner import build_core
 from rlctl.datapaths.rollout_source import stack_rollouts
@@ -121,6 +121,44 @@ def test_learner_core_state_restores_the_same_next_update(name):
     core.update(batch)
     twin.update(batch)
     assert torch.equal(flat_parameters(core.model), flat_parameters(twin.model))
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_meets_the_declared_core_contract(name):
+    """What the shells read of an algorithm's parts is declared in rlctl.algos.base and rlctl.datapaths; every
+    registered algorithm provides it: the learner core computes losses and leaves the gradient step (and the
+    update loop) to the base class; the actor core acts in three parts and declares its data path's message layout;
+    the model acts greedily for the evaluator."""
+    job = small_job(name)
+    entry = job.algo
+    learner, actor = entry.load("learner"), entry.load("actor")
+    assert issubclass(learner, LearnerCore) and issubclass(actor, ActorCore)
+    for shell_owned in ("update", "gradient_step"):
+        assert getattr(learner, shell_owned) is getattr(LearnerCore, shell_owned), f"{name} overrides {shell_owned}"
+    for method in ("loss", "samples"):
+        assert getattr(learner, method) is not getattr(LearnerCore, method), f"{name}'s core lacks {method}"
+    for method in ("forward", "act_on", "record", "take"):
+        assert getattr(actor, method) is not getattr(ActorCore, method), f"{name}'s actor lacks {method}"
+    info = probe_space_info(job.env)
+    entry.data_path.check_actor(entry, actor, job, info)
+    core = build_core(job, info, torch.device("cpu"))
+    assert isinstance(core.model, torch.nn.Module) and isinstance(core.opt, torch.optim.Optimizer)
+    assert 0 < core.max_grad_norm < 1e9 and core.publish_interval >= 1
+    assert callable(getattr(core.model, "greedy", None)), f"{name}'s model lacks greedy (the evaluator acts by it)"
+
+
+def test_an_actor_without_its_paths_layout_fields_is_refused_naming_them():
+    job = small_job("ppo")
+
+    class Bare(ActorCore):
+        @staticmethod
+        def layout(T, info):
+            return {"obs": (T + 1, (4,), np.dtype(np.float32))}
+
+    with pytest.raises(TypeError, match=r"Bare's layout lacks action, reward, valid, which the 'rollouts' data path"):
+        job.data_path.check_actor(job.algo, Bare, job, probe_space_info(job.env))
+    with pytest.raises(TypeError, match=r"declares no message layout for the 'replay' data path"):
+        small_job("apex").data_path.check_actor(job.algo, ActorCore, job, probe_space_info(job.env))
 
 
 def test_recurrent_actor_state_starts_anew_with_each_episode():

@@ -9,13 +9,14 @@ shell's. Both are plain objects: tests run them in-process, without torchrun or 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
+from rlctl import metric_names as M
 from rlctl.envs import SpaceInfo
 from rlctl.optim import optimizer_step
 
@@ -48,33 +49,97 @@ class UpdateResult:
     priorities: np.ndarray | None = None
 
 
+@dataclass
+class Loss:
+    """What a core computes for one gradient step: the loss, its statistics (metric -> float or 0-d tensor, detached)
+    and, for replay data, new priorities of the items it was computed on (in batch order)."""
+
+    loss: torch.Tensor
+    stats: dict[str, Any] = field(default_factory=dict)
+    priorities: np.ndarray | None = None
+
+
 class LearnerCore:
-    """An algorithm's update rule on one rank. Subclasses set `model` (the network actors run) and `opt` (its
-    optimizer) in __init__ and take each gradient step through `gradient_step`."""
+    """An algorithm's update rule on one rank: what the learner shell (roles/learner.py) reads of a core.
+
+    A core sets `model` (the network actors run), `opt` (its optimizer) and `max_grad_norm` in __init__ and
+    computes losses: `steps(batch)` cuts a batch into the parts of one update (one by default; epochs x minibatches
+    for PPO, through `minibatch_epochs`), `loss(part, report)` turns a part into a `Loss`. The gradient step itself
+    (zero_grad, backward, clipping, the optimizer step, `learner/grad_norm` and the non-finite guard) is `update`'s,
+    here once for every algorithm; cores do not override `update`. `begin_update` / `end_update` bracket an update
+    (learning-rate schedules, target networks, counters)."""
 
     model: nn.Module
     opt: torch.optim.Optimizer
+    max_grad_norm: float = 1e9  # global gradient-norm clip
     publish_interval: int = 1  # updates between weight publications (each one a new policy version)
     nonfinite_steps: int = 0  # gradient steps refused for a non-finite gradient (learner/nonfinite_updates)
 
     def __init__(self, setup: LearnerSetup):
         self.setup = setup
 
-    def gradient_step(self, loss: torch.Tensor, max_grad_norm: float) -> bool:
-        """Backward, clip the global gradient norm, step. A non-finite norm (a NaN or infinity in the batch or the
-        loss) skips the step and is counted: no NaN reaches the weights that are published and checkpointed."""
+    def update(self, batch: dict) -> UpdateResult:
+        """Train on one batch (numpy arrays as sampled from replay, or [T(+1), B, ...] tensors of rollouts): each
+        of the core's steps through one gradient step; statistics averaged over the steps that report them."""
+        stats = dict(self.begin_update(batch))
+        totals: dict[str, Any] = {}
+        counts: dict[str, int] = {}
+        norms, priorities = [], None
+        for part, report in self.steps(batch):
+            out = self.loss(part, report)
+            norm = self.gradient_step(out.loss)
+            if norm is not None:
+                norms.append(norm)
+            for k, v in out.stats.items() if report else ():  # summed as tensors: one conversion per heartbeat
+                v = v.detach() if isinstance(v, torch.Tensor) else v
+                totals[k] = totals[k] + v if k in totals else v
+                counts[k] = counts.get(k, 0) + 1
+            if out.priorities is not None:
+                priorities = out.priorities
+        self.end_update(batch)
+        stats.update({k: v / counts[k] for k, v in totals.items()})
+        if norms:
+            stats[M.GRAD_NORM] = torch.stack(norms).mean()
+        return UpdateResult(stats, self.samples(batch), priorities)
+
+    def gradient_step(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """Backward, clip the global gradient norm to `max_grad_norm`, step; the norm before clipping. A
+        non-finite norm (a NaN or infinity in the batch or the loss) skips the step and is counted (None): no NaN
+        reaches the weights that are published and checkpointed. The guard reads the norm, not the loss: with DDP
+        the norm is of the averaged gradients, so every rank skips alike (a rank skipping on its own loss would
+        leave its peers in the all-reduce)."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm, foreach=True)
-        if not torch.isfinite(norm):  # with DDP every rank has the same averaged gradients, so all skip alike
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm, foreach=True)
+        if not torch.isfinite(norm):
             self.opt.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1
-            return False
+            return None
         optimizer_step(self.opt)
-        return True
+        return norm.detach()
 
-    def update(self, batch: dict) -> UpdateResult:
-        """Train on one batch: numpy arrays as sampled from replay, or [T(+1), B, ...] tensors of rollouts."""
+    def zero_loss(self) -> Loss:
+        """A loss of zero through every parameter: the step of a rank with nothing to learn from in a part, whose
+        DDP peers wait for that step's all-reduce."""
+        return Loss(sum(p.sum() * 0.0 for p in self.model.parameters()))
+
+    def begin_update(self, batch: dict) -> dict[str, Any]:
+        """Before an update's steps (e.g. set the learning rate); statistics of the update as a whole."""
+        return {}
+
+    def steps(self, batch: dict) -> Iterator[tuple[dict, bool]]:
+        """The parts of one update, each with whether its losses' statistics are reported: the batch, once."""
+        yield batch, True
+
+    def loss(self, part: dict, report: bool) -> Loss:
+        """The loss of one part of a batch (with statistics when `report`)."""
+        raise NotImplementedError
+
+    def end_update(self, batch: dict) -> None:
+        """After an update's steps (e.g. count it, copy a target network)."""
+
+    def samples(self, batch: dict) -> int:
+        """Samples (env steps) the batch trained on, for learner/samples_per_s."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -85,6 +150,20 @@ class LearnerCore:
         """Restore what state_dict returned."""
 
 
+def minibatch_epochs(rows: dict[str, torch.Tensor], epochs: int, minibatches: int, generator: torch.Generator,
+                     device: torch.device) -> Iterator[tuple[dict[str, torch.Tensor], bool]]:
+    """`epochs` passes over `rows` (fields of equal length), each shuffled and cut into `minibatches` parts, with
+    whether it is the last pass (whose statistics are reported, as CleanRL reports them). tensor_split always gives
+    `minibatches` parts (some maybe empty), so every DDP rank takes the same number of steps."""
+    n = len(next(iter(rows.values())))
+    for epoch in range(epochs):
+        perm = torch.randperm(n, generator=generator).to(device)
+        # One row gather per field and epoch, then contiguous minibatch views.
+        shuffled = {k: v.index_select(0, perm) for k, v in rows.items()}
+        for parts in zip(*(v.tensor_split(minibatches) for v in shuffled.values())):
+            yield dict(zip(shuffled, parts)), epoch == epochs - 1
+
+
 class TargetNetworkCore(LearnerCore):
     """A value-learning core with a target network copied from `model` every `target_update_interval` updates
     (Ape-X, R2D2); a checkpoint keeps the target, the optimizer and the update count."""
@@ -93,7 +172,7 @@ class TargetNetworkCore(LearnerCore):
     opt: torch.optim.Optimizer
     updates: int = 0
 
-    def stepped(self) -> None:
+    def end_update(self, batch: dict) -> None:
         """Count one update; copy the online network into the target when its interval has passed."""
         self.updates += 1
         if self.updates % self.setup.algo.target_update_interval == 0:

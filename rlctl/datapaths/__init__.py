@@ -57,6 +57,8 @@ class DataPath:
     shard_role: str = ""
     shard_module: str = ""  # what a shard process runs (`python -m`)
     message_kind: str = ""  # kind of what actor cores' take() returns on this path (the collector's messages)
+    # The fields every message of the path carries (the shells read them: `reward` counts what was sent).
+    message_fields: tuple[str, ...] = ()
 
     def requirements(self, entry) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(fields, methods) the `[algorithm]` section of registry entry `entry` must have on this path."""
@@ -71,6 +73,23 @@ class DataPath:
         if missing:
             raise TypeError(f"algorithm {entry.name!r}: its [algorithm] section {section.__name__} lacks "
                             f"{', '.join(missing)}, which the {self.name!r} data path reads")
+
+    def message_layout(self, actor: type, job, info) -> dict:
+        """The actor core's declared layout of one message on this path (field -> shape and dtype)."""
+        raise NotImplementedError
+
+    def check_actor(self, entry, actor: type, job, info) -> None:
+        """Raise TypeError when registry entry `entry`'s actor core does not declare a layout with this path's
+        `message_fields` (run by the tests for every algorithm; loading an actor imports torch)."""
+        try:
+            fields = set(self.message_layout(actor, job, info))
+        except (AttributeError, NotImplementedError) as exc:
+            raise TypeError(f"algorithm {entry.name!r}: {actor.__name__} declares no message layout for the "
+                            f"{self.name!r} data path ({exc})") from None
+        missing = [f for f in self.message_fields if f not in fields]
+        if missing:
+            raise TypeError(f"algorithm {entry.name!r}: {actor.__name__}'s layout lacks {', '.join(missing)}, which "
+                            f"the {self.name!r} data path reads")
 
     # -- job checks (spec.JobSpec's validators call these; messages start with the key path) --
     def min_collectors(self, job) -> int:

@@ -19,6 +19,11 @@ class ReplayPath(DataPath):
     shard_role = "replay"
     shard_module = "rlctl.roles.replay"
     message_kind = "experience"
+    message_fields = ("reward",)
+
+    def message_layout(self, actor, job, info) -> dict:
+        """`actor.item_layout(job, info)`: one stored item's fields -> (shape, dtype); shards take it (+ priority)."""
+        return actor.item_layout(job, info)
 
     def check_hosts(self, job) -> None:
         """Some host must run a shard."""

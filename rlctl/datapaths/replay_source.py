@@ -70,7 +70,7 @@ class SampleStream:
             return False
         if any(a.shape != self.expected[k][0] or a.dtype != self.expected[k][1] for k, a in msg.arrays.items()):
             return False
-        return "action" not in msg.arrays or actions_in_range(msg.arrays["action"], self.n_actions)
+        return "action" not in msg.arrays or wire.actions_in_range(msg.arrays["action"], self.n_actions)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """Send new priorities back (fire and forget; the shard ignores stale keys)."""

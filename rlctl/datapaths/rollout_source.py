@@ -56,7 +56,7 @@ class RolloutCheck:
         if self.frame_stack and not parse_rollout_frames(msg.arrays["frames"], msg.arrays["obs_frame"],
                                                          self.obs_rows, n_envs, self.obs_shape):
             return False
-        return actions_in_range(msg.arrays["action"], self.n_actions) and wire.all_finite(msg.arrays.values())
+        return wire.actions_in_range(msg.arrays["action"], self.n_actions) and wire.all_finite(msg.arrays.values())
 
 
 class RolloutInbox:
@@ -86,15 +86,6 @@ class RolloutInbox:
             if len(out) >= limit:
                 break
         return out
-
-
-def actions_in_range(actions: np.ndarray, n_actions: int) -> bool:
-    """Discrete actions (n_actions > 0) within [0, n_actions); continuous ones finite."""
-    if actions.size == 0:
-        return True
-    if n_actions:
-        return bool(actions.min() >= 0 and actions.max() < n_actions)
-    return bool(np.isfinite(actions).all())
 
 
 def stack_rollouts(msgs: list[wire.Message], device: torch.device, frame_stack: int = 0) -> dict[str, torch.Tensor]:

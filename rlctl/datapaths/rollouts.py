@@ -12,6 +12,12 @@ class RolloutPath(DataPath):
     name = "rollouts"
     required_fields = ("rollout_len",)
     message_kind = "rollout"
+    # obs stacked (and rebuilt from frames), action checked, reward counted, valid gating samples and losses.
+    message_fields = ("obs", "action", "reward", "valid")
+
+    def message_layout(self, actor, job, info) -> dict:
+        """`actor.layout(rollout_len, info)`: field -> (rows, per-env shape, dtype) of a [rows, envs, ...] rollout."""
+        return actor.layout(job.algorithm.rollout_len, info)
 
     def requirements(self, entry):
         """Every algorithm: `rollout_len`. Asynchronous ones also gather `rollouts_per_update(envs)` rollouts per

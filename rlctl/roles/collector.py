@@ -12,9 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
 import torch
-import zmq
 
 from rlctl import metric_names as M
 from rlctl import wire

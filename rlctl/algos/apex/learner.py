@@ -10,7 +10,7 @@ import torch
 from rlctl import metric_names as M
 from rlctl.algos.apex.actor import build_model
 from rlctl.algos.apex.dqn import targets_from_q, td_loss
-from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
+from rlctl.algos.base import LearnerSetup, Loss, TargetNetworkCore
 from rlctl.optim import build_optimizer
 
 
@@ -26,7 +26,7 @@ class ApexLearner(TargetNetworkCore):
         self.train_model = setup.distribute(self.model)
         # Fused Adam: one kernel for all parameters (about 20% of a small network's update on CPU).
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
-        self.publish_interval = algo.publish_interval
+        self.publish_interval, self.max_grad_norm = algo.publish_interval, algo.grad_clip
         # |Q| <= max|R_n| / (1 - gamma^n) for n-step returns R_n: the divergence guard's bound, from the data seen.
         self.reward_max = 0.0
         self.bound_scale = 1.0 / (1.0 - algo.gamma ** algo.n_step) if algo.gamma < 1 else None  # None: no bound
@@ -34,8 +34,13 @@ class ApexLearner(TargetNetworkCore):
     def _tensor(self, a: np.ndarray, dtype=None) -> torch.Tensor:
         return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device)
 
-    def update(self, batch: dict) -> UpdateResult:
-        """One double-DQN step on n-step transitions; priorities |TD| for the sampled keys."""
+    def begin_update(self, batch: dict) -> dict:
+        """The largest |reward| seen so far, for the divergence guard's bound."""
+        self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
+        return {}
+
+    def loss(self, batch: dict, report: bool) -> Loss:
+        """Double-DQN loss on n-step transitions; priorities |TD| for the sampled keys."""
         algo = self.algo
         obs, next_obs = self._tensor(batch["obs"]), self._tensor(batch["next_obs"])
         actions = self._tensor(batch["action"], np.int64)
@@ -48,10 +53,11 @@ class ApexLearner(TargetNetworkCore):
         with torch.no_grad():
             y = targets_from_q(next_q_online, self.target(next_obs), rewards, discounts, algo.double)
         loss, td_abs = td_loss(q, actions, y, weights)
-        self.gradient_step(loss, algo.grad_clip)
-        self.stepped()
-        self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
         stats = {M.TD_LOSS: loss.detach(), M.Q_MEAN: q.detach().mean(), M.Q_ABS_MAX: q.detach().abs().max()}
         if self.bound_scale is not None:
             stats[M.Q_BOUND] = self.reward_max * self.bound_scale
-        return UpdateResult(stats, len(obs), td_abs.cpu().numpy().astype(np.float32))
+        return Loss(loss, stats, td_abs.cpu().numpy().astype(np.float32))
+
+    def samples(self, batch: dict) -> int:
+        """Transitions sampled."""
+        return len(batch["obs"])

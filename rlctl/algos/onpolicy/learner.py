@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlctl import metric_names as M
-from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
+from rlctl.algos.base import LearnerCore, LearnerSetup, Loss, minibatch_epochs
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
 from rlctl.models import ActorCritic, as_float
@@ -29,6 +29,7 @@ class RolloutCore(LearnerCore):
         self.steps_per_version = per_rollout * rollouts
         self.generator = torch.Generator().manual_seed(job.job.seed * 1000 + setup.rank)
         self.version = 0
+        self.max_grad_norm = algo.max_grad_norm
 
     def _optimizer(self) -> torch.optim.Optimizer:
         # Fused: one kernel for every parameter (as the Ape-X learner; ~15% of a small network's round on CPU).
@@ -43,9 +44,6 @@ class RolloutCore(LearnerCore):
             group["lr"] = lr
         return lr
 
-    def _step(self, loss: torch.Tensor) -> None:
-        self.gradient_step(loss, self.algo.max_grad_norm)
-
     def _forward_all(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Heads [T, B, A] of the first T rows of [T+1, B, ...] observations and values [T+1, B]: the T rows through
         DDP, the bootstrap row's values without grad (no loss reads its head or a gradient of its value, so its
@@ -56,15 +54,17 @@ class RolloutCore(LearnerCore):
             bootstrap = self.model.value(obs[-1])
         return head.reshape(rows - 1, b, -1), torch.cat([value.reshape(rows - 1, b), bootstrap[None]])
 
-    def update(self, batch: dict) -> UpdateResult:
-        """Train on one batch of rollouts (one new version)."""
-        lr = self.set_lr()
-        stats = self._train(batch)
-        self.version += 1
-        return UpdateResult({**stats, M.LR: lr}, int(batch["valid"].sum()))
+    def begin_update(self, batch: dict) -> dict:
+        """The learning rate of this version."""
+        return {M.LR: self.set_lr()}
 
-    def _train(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
-        raise NotImplementedError
+    def end_update(self, batch: dict) -> None:
+        """One new version."""
+        self.version += 1
+
+    def samples(self, batch: dict) -> int:
+        """Valid env steps of the rollouts."""
+        return int(batch["valid"].sum())
 
     def state_dict(self) -> dict:
         """Optimizer, version and the minibatch generator."""
@@ -88,7 +88,8 @@ class PPOLearner(RolloutCore):
                            self.algo.gae_lambda)
         return adv, returns, r["value"][:-1]
 
-    def _train(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
+    def steps(self, r: dict[str, torch.Tensor]):
+        """`epochs` x `minibatches` steps over the valid rows, advantages computed once before them."""
         algo = self.algo
         rewards = r["reward"] * algo.reward_scale
         T, B = rewards.shape
@@ -96,61 +97,60 @@ class PPOLearner(RolloutCore):
         with torch.no_grad():
             adv, returns, old_values = self._advantages(r, rewards)
         keep = r["valid"].reshape(-1).nonzero().squeeze(1)
-        flat = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:]).index_select(0, keep),
+        # Observations stay as sent (bool grids for MinAtar) until a minibatch's forward: index_select of bool rows
+        # is 15x faster than of float ones.
+        rows = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:]).index_select(0, keep),
                 "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
                 "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
-        n = len(keep)
-        totals: dict[str, torch.Tensor] = {}  # summed as tensors: one conversion per round, not per step
-        counts: dict[str, int] = {}
-        for epoch in range(algo.epochs):
-            last_epoch = epoch == algo.epochs - 1  # statistics are of the last pass (as CleanRL reports them)
-            perm = torch.randperm(n, generator=self.generator).to(self.device)
-            # One row gather per field and epoch, then contiguous minibatch views: index_select of bool rows is 15x
-            # faster than of float ones, hence observations stay as sent until a minibatch's forward.
-            shuffled = {k: v.index_select(0, perm) for k, v in flat.items()}
-            # tensor_split always gives `minibatches` parts, so every rank takes the same number of DDP steps.
-            for mb in zip(*(v.tensor_split(algo.minibatches) for v in shuffled.values())):
-                mb = dict(zip(shuffled, mb))
-                if len(mb["adv"]) == 0:
-                    # Nothing here on this rank, but its peers wait for this step's all-reduce: a zero loss.
-                    self._step(sum(p.sum() * 0.0 for p in self.model.parameters()))
-                    continue
-                # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
-                obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
-                head, value = self.train_model(obs)
-                logp, entropy = self.model.log_prob_entropy(head, mb["action"])
-                adv_mb = mb["adv"]
-                if algo.norm_adv and len(adv_mb) > 1:
-                    adv_mb = (adv_mb - adv_mb.mean()) / (adv_mb.std() + 1e-8)
-                loss, stats = ppo_loss(logp, mb["logp"], adv_mb, value, mb["v"], mb["ret"],
-                                       entropy, algo.clip, algo.value_clip, algo.vf_coef, algo.ent_coef,
-                                       diagnostics=last_epoch)
-                self._step(loss)
-                if last_epoch:
-                    for k, v in stats.items():
-                        totals[k] = totals[k] + v if k in totals else v
-                        counts[k] = counts.get(k, 0) + 1
-        return {k: float(v) / counts[k] for k, v in totals.items()}
+        yield from minibatch_epochs(rows, algo.epochs, algo.minibatches, self.generator, self.device)
+
+    def loss(self, mb: dict[str, torch.Tensor], report: bool) -> Loss:
+        """The clipped surrogate, value and entropy loss of one minibatch (diagnostics on the last epoch)."""
+        algo = self.algo
+        if len(mb["adv"]) == 0:
+            return self.zero_loss()
+        # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
+        obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
+        head, value = self.train_model(obs)
+        logp, entropy = self.model.log_prob_entropy(head, mb["action"])
+        adv = mb["adv"]
+        if algo.norm_adv and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        loss, stats = ppo_loss(logp, mb["logp"], adv, value, mb["v"], mb["ret"], entropy, algo.clip, algo.value_clip,
+                               algo.vf_coef, algo.ent_coef, diagnostics=report)
+        return Loss(loss, stats)
 
 
 class APPOLearner(PPOLearner):
     """APPO: PPO's loss on asynchronous rollouts; with `vtrace`, V-trace targets on the current values (as Sample
     Factory's APPO) correct for the policy lag, else GAE as PPO."""
 
-    def _train(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
+    def __init__(self, setup: LearnerSetup):
+        super().__init__(setup)
         algo = self.algo
-        if not (algo.vtrace and algo.epochs == 1 and algo.minibatches == 1):
-            return super()._train(r)
         # One step per batch: the V-trace targets come from the training forward's own detached values and
         # log-probs (the weights a separate no-grad pass would see), which saves that pass, a third of the update.
+        self.one_pass = algo.vtrace and algo.epochs == 1 and algo.minibatches == 1
+
+    def steps(self, r: dict[str, torch.Tensor]):
+        """The whole batch once (one pass), else PPO's epochs x minibatches."""
+        if self.one_pass:
+            yield r, True
+        else:
+            yield from super().steps(r)
+
+    def loss(self, part: dict[str, torch.Tensor], report: bool) -> Loss:
+        """One pass: PPO's loss on V-trace targets from the training forward itself; else PPO's minibatch loss."""
+        if not self.one_pass:
+            return super().loss(part, report)
+        algo, r = self.algo, part
         rewards = r["reward"] * algo.reward_scale
         T, B = rewards.shape
         head, values = self._forward_all(r["obs"])
         logp, entropy = self.model.log_prob_entropy(head.reshape(T * B, -1), r["action"].reshape(T * B, -1))
         keep = r["valid"].reshape(-1).nonzero().squeeze(1)
         if len(keep) == 0:  # nothing to learn here, but peers wait for this step's all-reduce: a zero loss
-            self._step((head.sum() + values.sum()) * 0.0)
-            return {}
+            return Loss((head.sum() + values.sum()) * 0.0)
         with torch.no_grad():
             returns, adv = vtrace(r["logp"], logp.detach().reshape(T, B), rewards, values.detach(), r["terminated"],
                                   r["done"], r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
@@ -161,8 +161,7 @@ class APPOLearner(PPOLearner):
         loss, stats = ppo_loss(logp[keep], r["logp"].reshape(-1)[keep], adv, new_values, new_values.detach(),
                                returns.reshape(-1)[keep], entropy[keep], algo.clip, algo.value_clip, algo.vf_coef,
                                algo.ent_coef)
-        self._step(loss)
-        return {k: float(v) for k, v in stats.items()}
+        return Loss(loss, stats)
 
     def _advantages(self, r, rewards):
         algo = self.algo
@@ -186,7 +185,8 @@ class IMPALALearner(RolloutCore):
                                    eps=algo.adam_eps)
         return super()._optimizer()
 
-    def _train(self, r: dict[str, torch.Tensor]) -> dict[str, float]:
+    def loss(self, r: dict[str, torch.Tensor], report: bool) -> Loss:
+        """The actor-critic loss on V-trace targets, over the whole batch."""
         algo = self.algo
         rewards = r["reward"] * algo.reward_scale
         T, B = rewards.shape
@@ -198,5 +198,4 @@ class IMPALALearner(RolloutCore):
                                 r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
         loss, stats = impala_loss(logp, entropy, values[:T], vs, pg_adv, r["valid"].float(), algo.vf_coef,
                                   algo.ent_coef)
-        self._step(loss)
-        return {k: float(v) for k, v in stats.items()}
+        return Loss(loss, stats)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlctl import metric_names as M
-from rlctl.algos.base import LearnerSetup, TargetNetworkCore, UpdateResult
+from rlctl.algos.base import LearnerSetup, Loss, TargetNetworkCore
 from rlctl.algos.r2d2.actor import build_model
 from rlctl.algos.r2d2.model import RecurrentQNetwork
 from rlctl.algos.r2d2.targets import r2d2_loss, value_rescale_inv
@@ -39,15 +39,20 @@ class R2D2Learner(TargetNetworkCore):
         self.target = copy.deepcopy(self.model)
         self.train_model = setup.distribute(SequenceQ(self.model))
         self.opt = build_optimizer("adam", self.model.parameters(), lr=algo.lr, eps=algo.adam_eps)
-        self.publish_interval = algo.publish_interval
+        self.publish_interval, self.max_grad_norm = algo.publish_interval, algo.grad_clip
         self.reward_max = 0.0  # for the divergence guard's bound max|r| / (1 - gamma)
 
     def _time_major(self, a: np.ndarray, dtype=None) -> torch.Tensor:
         """[B, T, ...] as sampled -> [T, B, ...] on the device."""
         return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device).transpose(0, 1)
 
-    def update(self, batch: dict) -> UpdateResult:
-        """One step on a batch of sequences: burn-in without gradient from the stored state, then the loss."""
+    def begin_update(self, batch: dict) -> dict:
+        """The largest |reward| seen so far, for the divergence guard's bound."""
+        self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
+        return {}
+
+    def loss(self, batch: dict, report: bool) -> Loss:
+        """Burn-in without gradient from the stored state, then the loss over the rest of each sequence."""
         algo, burn = self.algo, self.algo.burn_in
         obs = self._time_major(batch["obs"])
         actions = self._time_major(batch["action"], np.int64)
@@ -65,11 +70,12 @@ class R2D2Learner(TargetNetworkCore):
         q = torch.cat([q_burn.reshape(burn, *q_rest.shape[1:]), q_rest]) if burn else q_rest
         loss, priorities, stats = r2d2_loss(q, q_target, actions, rewards, terminated, valid, weights, burn,
                                             algo.gamma, algo.n_step, algo.rescale_eps, algo.double, algo.priority_eta)
-        self.gradient_step(loss, algo.grad_clip)
-        self.stepped()
         # The guard compares values in return units: h^-1 of the largest rescaled |Q| (h is odd and increasing).
-        self.reward_max = max(self.reward_max, float(rewards.abs().max()))
         stats[M.Q_ABS_MAX] = value_rescale_inv(q.detach().abs().max(), algo.rescale_eps)
         if algo.gamma < 1:
             stats[M.Q_BOUND] = self.reward_max / (1.0 - algo.gamma)
-        return UpdateResult(stats, int(valid[burn:].sum()), priorities)
+        return Loss(loss, stats, priorities)
+
+    def samples(self, batch: dict) -> int:
+        """Valid steps after burn-in."""
+        return int(np.asarray(batch["valid"])[:, self.algo.burn_in:].sum())
