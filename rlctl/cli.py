@@ -20,6 +20,7 @@ from typing import List, Optional
 import typer
 
 from rlctl import __version__
+from rlctl.algos import ALGORITHMS
 
 app = typer.Typer(
     name="rlctl",
@@ -87,7 +88,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 @app.command()
-def init(algo: Optional[str] = typer.Option(None, "--algo", help="Algorithm (apex, ppo, appo, impala, r2d2); "
+def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({', '.join(ALGORITHMS)}); "
                                            "default the first of them."),
          env: str = typer.Option("CartPole-v1", "--env", help="gymnasium id or `module:attr` entry point."),
          hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH destinations: the first runs "
