@@ -1,11 +1,14 @@
 """The job-file reference (every section and key, with defaults), rendered from the schema's field docstrings.
 
-`python -m rlctl.jobref` prints it; the README embeds it and a test keeps the two equal.
+`python -m rlctl.jobref` prints it, `python -m rlctl.jobref --write README.md` renews the README's copy, and a test
+keeps the two equal.
 """
 
 from __future__ import annotations
 
+import sys
 import typing
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -75,5 +78,20 @@ def render_reference() -> str:
     return "\n".join(out)
 
 
+START, END = "<!-- job-reference:start -->\n", "<!-- job-reference:end -->"
+
+
+def write_into(readme: Path) -> None:
+    """Replace the reference between the README's job-reference markers with the current one."""
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{START}{render_reference().strip()}\n{END}{tail}")
+
+
 if __name__ == "__main__":
-    print(render_reference())
+    # `python -m rlctl.jobref` prints the reference; `python -m rlctl.jobref --write README.md` renews the README's.
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        write_into(Path(sys.argv[2]))
+    else:
+        print(render_reference())

@@ -760,7 +760,7 @@ def test_readme_job_reference_is_current():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("<!-- job-reference:start -->\n", 1)[1].split("<!-- job-reference:end -->", 1)[0]
-    assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.jobref"
+    assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.jobref --write README.md"
 
 
 def test_eval_stop_needs_the_configured_rounds_in_a_row():
