@@ -67,6 +67,9 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "r2d2": AlgorithmEntry("r2d2", "rlctl.algos.r2d2.spec:R2D2Spec", "rlctl.algos.r2d2.learner:R2D2Learner",
                            "rlctl.algos.r2d2.actor:R2D2Actor", "rlctl.algos.r2d2.actor:build_model", REPLAY,
                            recurrent=True),
+    "a2c": AlgorithmEntry("a2c", "rlctl.algos.a2c.spec:A2CSpec", "rlctl.algos.a2c.learner:A2CLearner",
+                          "rlctl.algos.onpolicy.actor:RolloutActor", "rlctl.algos.onpolicy.actor:build_model",
+                          ROLLOUTS, synchronous=True),
 }
 
 
