@@ -190,10 +190,10 @@ def insider_pools(job, rng: np.random.Generator) -> dict[str, list[list[bytes]]]
     steps = [wire.encode("step", "collector-0", 0, {"token": f"forged-{i}", "seq": 0}, step) for i in range(4)]
     own_bad = [wire.encode("step", "collector-1", 0, {"token": "x", "seq": 0}, poisoned(step, rng))]
     pools = {"inference": steps + own_bad + [true_shaped(f) for f in steps[:1]] + [huge_empty(f) for f in steps[:1]]}
-    if job.algo.uses_replay:
+    if job.data_path.shard_role:
         n = 64
         item = {k: rng.normal(size=(n, *shape)).astype(dt) for k, (shape, dt) in
-                job.algo.load("actor").item_layout(job, info).items()}
+                job.algorithm_entry.load("actor").item_layout(job, info).items()}
         item["action"] = rng.integers(0, info.n_actions, n)
         item["priority"] = np.ones(n, np.float32)
         forged = wire.encode("experience", "collector-0", 0, None, item)
@@ -268,7 +268,7 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path, insider: b
     mut = Mutator(rng)
     from rlctl.spec import load_job
     spec = load_job(job)
-    T, envs = (0, 0) if spec.algo.uses_replay else (spec.algorithm.rollout_len, spec.env.envs_per_collector)
+    T, envs = (0, 0) if spec.data_path.shard_role else (spec.algorithm.rollout_len, spec.env.envs_per_collector)
     forged_answers = 0
     experience = [wire.encode("experience", "collector-0", 0, None, a) for a in experience_templates(nrng)]
     rollouts = [wire.encode("rollout", "collector-0", 0, None, a) for a in rollout_templates(nrng, T, envs)] if T else []

@@ -186,7 +186,7 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     except Exception as exc:  # RuntimeError: values that are not tensors, dtypes torch cannot copy
         raise CheckpointError(f"its weights do not fit the job's network ({_one_line(exc)})") from None
     try:
-        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algo.recurrent, video_dir=video_dir)
+        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algorithm_entry.recurrent, video_dir=video_dir)
     except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
         raise CheckpointError(f"cannot record video: {_one_line(exc)} (pip install -e '.[video]')") from None
     out = {"checkpoint": str(path), "updates": updates, "episodes": episodes,

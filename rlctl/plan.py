@@ -345,7 +345,7 @@ def other_processes(spec: JobSpec, h: HostSpec) -> int:
     algorithm's collectors wait for the next weights meanwhile, so they leave the learner their cores (a PPO update
     on MinAtar with 2 threads instead of 1: 145 ms instead of 192 here)."""
     servers = spec.inference.servers_per_host if spec.central_inference and h.learner else 0
-    collectors = 0 if spec.algo.synchronous else h.collectors
+    collectors = 0 if spec.algorithm_entry.synchronous else h.collectors
     return collectors + h.replay_shards + int(h.evaluator) + servers
 
 

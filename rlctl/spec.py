@@ -546,14 +546,14 @@ class JobSpec(Section):
         return self
 
     @property
-    def algo(self) -> AlgorithmEntry:
-        """The algorithm's registry entry (its traits and parts)."""
+    def algorithm_entry(self) -> AlgorithmEntry:
+        """The algorithm's registry entry (its traits and parts); `algorithm` is the job's `[algorithm]` section."""
         return ALGORITHMS[self.algorithm.name]
 
     @property
     def data_path(self) -> DataPath:
         """The data path of the job's algorithm (rlctl.datapaths)."""
-        return self.algo.data_path
+        return self.algorithm_entry.data_path
 
     @property
     def learner_node_procs(self) -> list[int]:

@@ -745,7 +745,7 @@ class Supervisor:
         remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
         others = [o for o in self.handles if o.spec.role == "collector" and o is not h]
         return (h.spec.role == "collector" and h.spec.remote and h.last_exit == SSH_FAILED
-                and not self.spec.algo.synchronous
+                and not self.spec.algorithm_entry.synchronous
                 and any(o.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
     def _metrics(self) -> dict:

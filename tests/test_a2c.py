@@ -30,7 +30,7 @@ def _core(job):
     from rlctl.algos.base import LearnerSetup
     from rlctl.envs import probe_space_info
 
-    return job.algo.load("learner")(LearnerSetup(job, probe_space_info(job.env), torch.device("cpu")))
+    return job.algorithm_entry.load("learner")(LearnerSetup(job, probe_space_info(job.env), torch.device("cpu")))
 
 
 def test_a2c_loss_is_the_n_step_actor_critic_loss():

@@ -45,7 +45,7 @@ def collect_blocks(job, count: int):
     env = make_vec_env(job.env)
     info = env_space_info(env)
     model = build_model(job, info)
-    actor = job.algo.load("actor")(ActorSetup(job, info, model, rank=0, num_envs=env.num_envs, seed=1))
+    actor = job.algorithm_entry.load("actor")(ActorSetup(job, info, model, rank=0, num_envs=env.num_envs, seed=1))
     obs, _ = env.reset(seed=1)
     blocks, version, steps = [], 0, 0
     with torch.no_grad():
@@ -72,7 +72,7 @@ def collect_blocks(job, count: int):
 def learner_batch(job, blocks):
     """A learner batch from the actor's blocks: sampled from a real PrioritizedReplay (replay data path, with the
     actor's initial priorities), or two rollouts stacked as the learner's rollout source stacks them."""
-    if job.algo.data_path.shard_role:
+    if job.algorithm_entry.data_path.shard_role:
         items = [b.arrays for b in blocks]
         fields = {k: (v.shape[1:], v.dtype) for k, v in items[0].items() if k != "priority"}
         replay = PrioritizedReplay(1000, fields, seed=0)
@@ -94,7 +94,7 @@ def test_actor_core_feeds_learner_core_in_process(name):
     core = build_core(job, info, torch.device("cpu"))
     before = flat_parameters(core.model).clone()
     result = core.update(learner_batch(job, blocks))
-    if job.algo.data_path.shard_role:
+    if job.algorithm_entry.data_path.shard_role:
         assert result.priorities is not None and result.priorities.shape == (job.algorithm.batch_size,)
         assert np.isfinite(result.priorities).all()
     assert result.samples > 0
@@ -130,7 +130,7 @@ def test_every_algorithm_meets_the_declared_core_contract(name):
     update loop) to the base class; the actor core acts in three parts and declares its data path's message layout;
     the model acts greedily for the evaluator."""
     job = small_job(name)
-    entry = job.algo
+    entry = job.algorithm_entry
     learner, actor = entry.load("learner"), entry.load("actor")
     assert issubclass(learner, LearnerCore) and issubclass(actor, ActorCore)
     for shell_owned in ("update", "gradient_step"):
@@ -156,9 +156,9 @@ def test_an_actor_without_its_paths_layout_fields_is_refused_naming_them():
             return {"obs": (T + 1, (4,), np.dtype(np.float32))}
 
     with pytest.raises(TypeError, match=r"Bare's layout lacks action, reward, valid, which the 'rollouts' data path"):
-        job.data_path.check_actor(job.algo, Bare, job, probe_space_info(job.env))
+        job.data_path.check_actor(job.algorithm_entry, Bare, job, probe_space_info(job.env))
     with pytest.raises(TypeError, match=r"declares no message layout for the 'replay' data path"):
-        small_job("apex").data_path.check_actor(job.algo, ActorCore, job, probe_space_info(job.env))
+        small_job("apex").data_path.check_actor(job.algorithm_entry, ActorCore, job, probe_space_info(job.env))
 
 
 def test_recurrent_actor_state_starts_anew_with_each_episode():
@@ -167,7 +167,7 @@ def test_recurrent_actor_state_starts_anew_with_each_episode():
     env = make_vec_env(job.env, num_envs=2)
     info = env_space_info(env)
     model = build_model(job, info)
-    actor = job.algo.load("actor")(ActorSetup(job, info, model, rank=0, num_envs=2, seed=1))
+    actor = job.algorithm_entry.load("actor")(ActorSetup(job, info, model, rank=0, num_envs=2, seed=1))
     obs, _ = env.reset(seed=3)
     zero = model.initial_state(2)
     saw_carry = saw_reset = False

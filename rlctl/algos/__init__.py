@@ -75,5 +75,5 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
 
 def build_model(job, info):
     """The network of the job's algorithm for its env's spaces (`job` a JobSpec, `info` an envs.SpaceInfo)."""
-    return job.algo.load("model")(job, info)
+    return job.algorithm_entry.load("model")(job, info)
 

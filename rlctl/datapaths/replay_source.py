@@ -90,7 +90,7 @@ class ReplaySource:
                  name: str):
         algo = job.algorithm
         self.stream = SampleStream(net, [endpoints[i]["sample"] for i in shards_for_rank(rank, world, len(endpoints))],
-                                   algo.batch_size, algo.prefetch, name, job.algo.load("actor").item_layout(job, info),
+                                   algo.batch_size, algo.prefetch, name, job.algorithm_entry.load("actor").item_layout(job, info),
                                    info.n_actions)
         self.sock = self.stream.sock
 

@@ -26,7 +26,7 @@ def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
     lag, bounded by the sockets' HWMs; a fixed 4 KB cut a 4 MB Pong rollout into a thousand reads, each waking the
     learner's I/O thread on the learner's core (3,300 preemptions of the learner a second)."""
     n_envs = job.env.envs_per_collector
-    layout = job.algo.load("actor").layout(job.algorithm.rollout_len, info)
+    layout = job.algorithm_entry.load("actor").layout(job.algorithm.rollout_len, info)
     whole = sum(rows * n_envs * math.prod(shape) * np.dtype(dt).itemsize for rows, shape, dt in layout.values())
     return min(max(whole // 16, wire.SOCKET_BUFFER_MIN), wire.SOCKET_BUFFER_MAX)
 
@@ -112,7 +112,7 @@ class RolloutSource:
                                   info.n_actions, self.frame_stack, rollout_buffer_bytes(job, info))
         self.sock = self.inbox.sock
         self.device = device
-        self.synchronous = job.algo.synchronous
+        self.synchronous = job.algorithm_entry.synchronous
         self.mine = {c for c in range(job.collector_count) if c % world == rank}
         self.per_batch = len(self.mine) if self.synchronous else algo.rollouts_per_update(job.env.envs_per_collector)
         self.max_lag = 0 if self.synchronous else algo.max_policy_lag

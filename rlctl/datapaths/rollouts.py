@@ -47,7 +47,7 @@ class RolloutPath(DataPath):
     def warnings(self, job) -> list[str]:
         """Asynchronous algorithms: rollouts that would arrive older than `max_policy_lag` (and be dropped)."""
         algo = job.algorithm
-        if job.algo.synchronous:
+        if job.algorithm_entry.synchronous:
             return []
         # While a collector takes one rollout, its rank receives one from each of its collectors and so makes this
         # many updates: the lag a rollout arrives with, about.
@@ -78,7 +78,7 @@ class RolloutPath(DataPath):
         """This rank's share of the collectors' rollouts, stacked on `device`."""
         from rlctl.datapaths.rollout_source import RolloutSource
 
-        return RolloutSource(net, rc.binds[f"rollouts-{rank}"], job, info, job.algo.load("actor").layout, rank, world,
+        return RolloutSource(net, rc.binds[f"rollouts-{rank}"], job, info, job.algorithm_entry.load("actor").layout, rank, world,
                              device)
 
     def senders(self, net, endpoints, job, info, name, collector=None):

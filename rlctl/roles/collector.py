@@ -27,7 +27,7 @@ from rlctl.weights import WeightSubscriber
 
 def build_actor(rc: RoleContext, info, model: torch.nn.Module, num_envs: int) -> ActorCore:
     """The job's actor core for this collector."""
-    return rc.job.algo.load("actor")(ActorSetup(rc.job, info, model, rc.rank, num_envs, rc.seed))
+    return rc.job.algorithm_entry.load("actor")(ActorSetup(rc.job, info, model, rc.rank, num_envs, rc.seed))
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:

@@ -101,7 +101,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         if weights.serial > evaluated and now >= next_at:
             version = weights.version
             returns, lengths = greedy_episodes(model, job.env, job.evaluator.episodes, rc.seed + rounds,
-                                               job.algo.recurrent, tick=beat)
+                                               job.algorithm_entry.recurrent, tick=beat)
             rounds += 1
             streak = streak + 1 if target is not None and returns.mean() >= target else 0
             # A round at the stop target is confirmed by the next ones at once (on newer weights, fresh episodes):

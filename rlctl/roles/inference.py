@@ -130,7 +130,7 @@ class InferenceServer:
         # Requests queue in ZeroMQ, not in kernel buffers of 64 KB: one step of every collector at most, each.
         self.sock = self.net.server(zmq.ROUTER, rc.binds["inference"], router_mandatory=1, sndhwm=1000,
                                     rcvhwm=1000, maxmsgsize=wire.CONTROL_MAXMSGSIZE + obs_frame)
-        self.actor_class = job.algo.load("actor")
+        self.actor_class = job.algorithm_entry.load("actor")
         # Collector c's experience goes through senders[c % len(senders)] (one to every shard, or one per rank).
         self.senders = job.data_path.senders(self.net, rc.endpoints, job, self.info, rc.name)
         self.poller = zmq.Poller()

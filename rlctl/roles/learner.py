@@ -66,7 +66,7 @@ def build_core(job, info, device: torch.device, rank: int = 0, world: int = 1) -
             return module
         return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
 
-    return job.algo.load("learner")(LearnerSetup(job, info, device, rank, world, distribute))
+    return job.algorithm_entry.load("learner")(LearnerSetup(job, info, device, rank, world, distribute))
 
 
 class LearnerShell:

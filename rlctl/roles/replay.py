@@ -34,7 +34,7 @@ class ReplayShard:
         self.replay_spec = rc.job.replay
         # What one item is (an n-step transition, a sequence), from the env spaces: the only layout accepted.
         self.expected = {k: (tuple(shape), np.dtype(dt))
-                         for k, (shape, dt) in rc.job.algo.load("actor").item_layout(rc.job, info).items()}
+                         for k, (shape, dt) in rc.job.algorithm_entry.load("actor").item_layout(rc.job, info).items()}
         # Frame-stack observations (the atari preset) are stored one frame each (rlctl.frames).
         self.frame_stack = frame_stack_depth(rc.job, info)
         self.buffer: PrioritizedReplay | FrameReplay | None = None

@@ -63,7 +63,7 @@ class RolloutActor(ActorCore):
         self.model: ActorCritic = setup.model
         self.device = next(self.model.parameters()).device  # an inference server's may be a GPU
         self.T, self.n_envs, self.info = job.algorithm.rollout_len, setup.num_envs, info
-        self.synchronous = job.algo.synchronous
+        self.synchronous = job.algorithm_entry.synchronous
         self.frame_stack = frame_stack_depth(job, info)  # > 0: obs travel as frames sent once (rlctl.frames)
         self.low = None if info.discrete else np.asarray(info.action_low, np.float32).reshape(info.action_shape)
         self.high = None if info.discrete else np.asarray(info.action_high, np.float32).reshape(info.action_shape)

@@ -24,7 +24,7 @@ class RolloutCore(LearnerCore):
         self.opt = self._optimizer()
         # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank).
         per_rollout = algo.rollout_len * job.env.envs_per_collector
-        rollouts = (job.collector_count if job.algo.synchronous
+        rollouts = (job.collector_count if job.algorithm_entry.synchronous
                     else algo.rollouts_per_update(job.env.envs_per_collector) * setup.world)
         self.steps_per_version = per_rollout * rollouts
         self.generator = torch.Generator().manual_seed(job.job.seed * 1000 + setup.rank)
