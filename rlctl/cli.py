@@ -6,14 +6,9 @@ Imports here stay light (typer + the standard library): `--help`, `status`,
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
-import secrets
-import shlex
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -141,41 +136,24 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Render the launch plan (every process, host, command, port); start nothing."""
     from rlctl.console import get_console, print_json
-    from rlctl.plan import choose_base_port, local_python, make_plan
-    from rlctl.rundir import new_run_id, runs_root
 
     spec = _load(job_file)
-    run_id = new_run_id(spec.job.name)
-    if sbatch:
-        options = _sbatch_options(spec, {"partition": partition, "time": time_limit, "account": account})
-        sys.stdout.write(_sbatch_script(spec, str((runs_root(runs_dir) / run_id).resolve()), nodes, options))
-        return
-    spec, control_address = _on_allocation(spec)
-    p = make_plan(spec, run_id, str(runs_root(runs_dir) / run_id), choose_base_port(spec, control_address),
-                  python=local_python(),
-                  addresses=_host_addresses(spec), control_address=control_address)
-    _warn_machine(spec)
+    with _launch_errors():
+        if sbatch:
+            from rlctl.sbatch import script_to_show
+
+            options = {"partition": partition, "time": time_limit, "account": account}
+            sys.stdout.write(script_to_show(spec, runs_dir, nodes, options))
+            return
+        from rlctl.launch import plan_to_show
+
+        spec, p = plan_to_show(spec, runs_dir)
     if as_json:
         print_json(p.to_dict())
         return
-    con = get_console()
-    out = [f"job {p.job} ({p.algorithm})  run dir {p.run_dir}  binds {p.bind_host}  ports {', '.join(map(str, p.ports()))}",
-           f"hosts: {', '.join(h['name'] + _reached(h, spec) for h in p.hosts)}", ""]
-    for x in p.processes:
-        binds = "  ".join(f"{k}={v}" for k, v in x.binds.items())
-        threads = x.env.get("RLCTL_TORCH_THREADS", "1")
-        if threads.startswith("auto:"):
-            threads = f"the cores left there after {threads[5:]} other processes"
-        out.append(f"{x.name}  role={x.role} rank={x.rank} host={x.host} torch threads={threads}"
-                   + _cores_text(x, p.hosts) + (f"  binds {binds}" if binds else ""))
-        out.append("  $ " + shlex.join(x.argv))
-    out.append("")
-    own = ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS", "RLCTL_TORCH_THREADS", "RLCTL_LEARNER_CORES")
-    out.append(f"environment of every process ({', '.join(own)} differ per process):")
-    for k, v in p.to_dict()["processes"][0]["env"].items():
-        if k not in own:
-            out.append(f"  {k}={v}")
-    con.print("\n".join(out), markup=False, soft_wrap=True)
+    from rlctl.plan_view import plan_text
+
+    get_console().print(plan_text(p, spec), markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -196,57 +174,17 @@ def run(job_file: Optional[Path] = typer.Argument(
                                                      help="The run directory --sbatch made (its batch script)."),
         runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
-    from rlctl.plan import choose_base_port, local_python, make_plan
-    from rlctl.rundir import RunDir, runs_root
-    from rlctl.spec import dumps_toml, host_secrets, resolved_dict
+    from rlctl import launch
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
-    rundir = lock = None
-    if resume:
-        rundir, spec, resumed, lock = _prepare_resume(runs_dir, str(job_file) if job_file else None, job, until)
-    elif slurm_run_dir is not None:
-        rundir, resumed = RunDir(slurm_run_dir.resolve()), None
-        spec = _load(rundir.job_toml)
-    else:
-        if job_file is None:
-            raise _bad_input("rlctl run: give a job file (or --resume [RUN])")
-        if job is not None or until:
-            raise _bad_input("rlctl run: --job and --until go with --resume")
-        spec, resumed = _load(job_file), None
-    if sbatch:
-        raise typer.Exit(_submit(spec, runs_dir, nodes, {"partition": partition, "time": time_limit,
-                                                         "account": account}))
-    if detach and spec.cluster.scheduler == "slurm":
-        raise _bad_input("rlctl run: --detach with cluster.scheduler = \"slurm\": the allocation ends with the command "
-                         "salloc runs, and the run with it; submit a background run with --sbatch")
-    spec, control_address = _on_allocation(spec)
-    _warn_machine(spec)
-    base_port = choose_base_port(spec, control_address)  # free where the supervisor binds (preflight: on the hosts)
-    addresses = _host_addresses(spec)
-    token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
-    if any(not h.is_local for h in spec.hosts):
-        _preflight(spec, make_plan(spec, "preflight", "preflight", base_port, python=local_python(), addresses=addresses,
-                                   board_token=token, control_address=control_address))
-    if rundir is None:
-        rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
-    rundir.write_job(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
-    secrets_of_hosts = host_secrets(spec)
-    if secrets_of_hosts:
-        rundir.write_secrets(secrets_of_hosts)
-    p = make_plan(spec, rundir.run_id, str(rundir.path), base_port, python=local_python(), addresses=addresses,
-                  board_token=token, control_address=control_address)
-    rundir.write_plan(p.to_json())
-    slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
-    rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
-                        "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
-                        "hosts": [h["name"] for h in p.hosts], **({"resumed": resumed} if resumed else {}),
-                        **({"slurm_job_id": slurm_job} if slurm_job else {})})
-    if lock is not None:
-        lock.release()
+    with _launch_errors():
+        given = launch.launch_input(job_file, runs_dir, resume, job, until, slurm_run_dir)
+        if sbatch:
+            raise typer.Exit(_submit(given.spec, runs_dir, nodes, {"partition": partition, "time": time_limit,
+                                                                   "account": account}))
+        rundir = launch.prepare(given, runs_dir, detach)
     if detach:
-        out = open(rundir.path / "supervisor.out", "ab")
-        subprocess.Popen([sys.executable, "-m", "rlctl.supervise", str(rundir.path)], stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        launch.start_detached(rundir)
         print(rundir.run_id)
         print(f"  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
               file=sys.stderr)
@@ -254,165 +192,57 @@ def run(job_file: Optional[Path] = typer.Argument(
     raise typer.Exit(_run_attached(rundir))
 
 
-def _on_allocation(spec):
-    """(job, where Slurm steps reach this process): a cluster.scheduler = "slurm" job placed on the allocation this
-    process is inside (exit 2 naming why it cannot be); any other job as it is."""
-    if spec.cluster.scheduler != "slurm":
-        return spec, "127.0.0.1"
-    from rlctl.plan import local_python
-    from rlctl.slurm import SlurmError, allocation_from_env, route_address, with_allocation
+@contextlib.contextmanager
+def _launch_errors():
+    """The launch library's refusals as exit codes: bad input 2 (the message as the library words it), remote
+    hosts that failed the check 1."""
+    from rlctl.launch import LaunchRefused, PreflightFailed
+    from rlctl.resume import ResumeRefused
+    from rlctl.rundir import RunNotFound
+    from rlctl.spec import JobFileError
 
     try:
-        alloc = allocation_from_env()
-        placed = with_allocation(spec, alloc, local_python(), os.getcwd())
-        return placed, route_address(alloc.addresses[alloc.nodes[0]])
-    except SlurmError as exc:
-        raise _bad_input(f"rlctl: {exc}") from None
-
-
-def _reached(host: dict, spec) -> str:
-    """How `rlctl plan` says a host is reached: nothing for this machine, else ssh or srun and where."""
-    if host["local"]:
-        return ""
-    slurm = next((h.slurm_job for h in spec.hosts if h.name == host["name"]), None)
-    return f" (srun, job {slurm})" if slurm else f" (ssh {host['destination']})"
-
-
-def _sbatch_options(spec, options: dict) -> dict[str, str]:
-    """The job's sbatch_options with the command line's --partition/--time/--account over them (exit 2 for a value
-    that is not a plain word, or a job that is not a Slurm one)."""
-    if spec.cluster.scheduler != "slurm":
-        raise _bad_input('rlctl: --sbatch needs cluster.scheduler = "slurm" in the job file')
-    given = {k: v for k, v in options.items() if v is not None}
-    for key, value in given.items():
-        if not re.fullmatch(r"[A-Za-z0-9_.:,+-]{1,128}", value):
-            raise _bad_input(f"rlctl: --{key} {value!r}: letters, digits and _.:,+- only")
-    return {**spec.cluster.sbatch_options, **given}
-
-
-def _sbatch_script(spec, run_dir: str, nodes: Optional[int], options: dict[str, str]) -> str:
-    """The batch script of a Slurm job (options as _sbatch_options made them)."""
-    from rlctl.plan import local_python
-    from rlctl.slurm import sbatch_script
-
-    count = nodes or spec.cluster.node_count or spec.cluster.learner_nodes + 1
-    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count, options)
+        yield
+    except JobFileError as exc:
+        raise _bad_input(exc.render()) from None
+    except ResumeRefused as exc:
+        raise _bad_input(f"rlctl run --resume: {exc}") from None
+    except (LaunchRefused, RunNotFound) as exc:
+        raise _bad_input(str(exc)) from None
+    except PreflightFailed as exc:
+        print(exc, file=sys.stderr)
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict) -> int:
-    """`rlctl run --sbatch`: the run directory made (status queued), its batch script submitted; prints the run id."""
-    from rlctl.rundir import RunDir, runs_root
-    from rlctl.slurm import SlurmError, submit
-    from rlctl.spec import dumps_toml, host_secrets, resolved_dict
+    """`rlctl run --sbatch`: submit, print the run id; the exit code."""
+    from rlctl.sbatch import submit_run
+    from rlctl.slurm import SlurmError
 
-    options = _sbatch_options(spec, options)  # bad input is refused before the run directory is made
-    if host_secrets(spec):
-        raise _bad_input("rlctl: --sbatch: hosts[].env is not used with Slurm")
-    rundir = RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
-    script = _sbatch_script(spec, str(rundir.path), nodes, options)
-    rundir.write_job(dumps_toml(resolved_dict(spec)))
-    (rundir.path / "sbatch.sh").write_text(script)
     try:
-        job_id = submit(script)
+        rundir, job_id = submit_run(spec, runs_dir, nodes, options)
     except SlurmError as exc:
-        rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
-                            "status": "failed", "exit_reason": f"not submitted: {exc}", "started_at": time.time(),
-                            "ended_at": time.time(), "processes": [], "metrics": {}})
         print(f"rlctl: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
-                        "status": "queued", "slurm_job_id": job_id, "started_at": time.time(), "processes": [],
-                        "metrics": {}})
     print(rundir.run_id)
     print(f"  Slurm job {job_id}\n  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n"
           f"  rlctl stop {rundir.run_id}", file=sys.stderr)
     return 0
 
 
-def _prepare_resume(runs_dir: Optional[Path], run: Optional[str], job: Optional[Path], until: List[str]):
-    """(run dir, job, what the next segment continues from, the run's lock: the caller lets it go once the run's
-    state says "created") for `run --resume`; exit 2 naming what is refused."""
-    from rlctl.resume import ResumeRefused, job_for_resume, parse_until, previous_segment
-    from rlctl.rundir import RunBusy
-    from rlctl.spec import JobFileError, with_host_secrets
-
-    rundir = _resolve(runs_dir, run)
-    try:
-        lock = rundir.lock()  # until its state says "created": a second resume then finds the run taken
-    except RunBusy as exc:
-        raise _bad_input(f"rlctl run --resume: {exc}") from None
-    try:
-        resumed = previous_segment(rundir)
-        old = with_host_secrets(_load(rundir.job_toml), rundir.read_secrets())
-        new = _load(job) if job is not None else None
-        spec = job_for_resume(old, new, parse_until(until), str(job or "--until"))
-    except ResumeRefused as exc:
-        raise _bad_input(f"rlctl run --resume: {exc}") from None
-    except JobFileError as exc:
-        raise _bad_input(exc.render()) from None
-    print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
-          file=sys.stderr)
-    return rundir, spec, resumed, lock
-
-
-def _cores_text(proc, hosts: list[dict]) -> str:
-    """`topology.learner_cores = "dedicated"` in a plan line: the cores themselves on this machine, the rule elsewhere."""
-    from rlctl.plan import core_ranges, pinned_cores, usable_cpu_ids
-
-    value = proc.env.get("RLCTL_LEARNER_CORES")
-    if not value:
-        return ""
-    if not next(h["local"] for h in hosts if h["name"] == proc.host):
-        threads = value.partition(":")[2]
-        mine = "one per torch thread" if ":" in threads else threads
-        return "  cores=" + (f"{mine} of its own" if proc.role == "learner" else "those the learner ranks leave")
-    sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable_cpu_ids())
-    return "  cores=" + (" | ".join(map(core_ranges, sets)) if sets else "all (too few to dedicate)")
-
-
-def _warn_machine(spec) -> None:
-    """Say on stderr what this machine cannot run well (the job still runs)."""
-    from rlctl.plan import job_warnings, machine_warnings
-
-    for line in machine_warnings(spec, os.cpu_count() or 1) + job_warnings(spec):
-        print(f"rlctl: warning: {line}", file=sys.stderr)
-
-
-def _host_addresses(spec) -> dict[str, str]:
-    """Where remote hosts without an advertise_address are reached: what their SSH destinations resolve to."""
-    from rlctl.hosts import ssh_hostnames
-
-    return ssh_hostnames([h for h in spec.hosts if not h.is_local and not h.advertise_address])
-
-
-def _preflight(spec, plan) -> None:
-    """Check every remote host at once before anything starts; exit 1 naming each host that is not fit."""
-    from rlctl.preflight import check_hosts
-
-    started = time.time()
-    problems = check_hosts(spec, plan)
-    remote = sum(not h["local"] for h in plan.hosts)
-    if problems:
-        print(f"rlctl: {len(problems)} of {remote} remote hosts failed the check; nothing was started:", file=sys.stderr)
-        for line in problems:
-            print(f"  {line}", file=sys.stderr)
-        raise typer.Exit(EXIT_FAILED)
-    print(f"rlctl: {remote} remote hosts checked in {time.time() - started:.1f}s", file=sys.stderr)
-
-
 def _run_attached(rundir) -> int:
     """Supervise in this process: a live table on a terminal, else a progress line every few seconds."""
     from rlctl.console import get_console, live_renderable, progress_printer
-    from rlctl.supervise import supervise_rundir
+    from rlctl.launch import supervise
 
     con = get_console()
     if con.is_terminal:
         from rich.live import Live
 
         with Live(console=con, refresh_per_second=4, transient=False) as live:
-            code = supervise_rundir(str(rundir.path), display=lambda st: live.update(live_renderable(st)))
+            code = supervise(rundir, display=lambda st: live.update(live_renderable(st)))
     else:
-        code = supervise_rundir(str(rundir.path), display=progress_printer())
+        code = supervise(rundir, display=progress_printer())
     state = rundir.read_state() or {}
     con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False)
     failure = state.get("failure")
@@ -479,169 +309,15 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
     from rlctl.rundir import RunBusy
+    from rlctl.run_stop import stop_run
 
     rd = _resolve(runs_dir, run)
     try:
-        lock = rd.lock()
+        stopped = stop_run(rd, timeout)
     except RunBusy as exc:
         raise _bad_input(f"rlctl stop: {exc}") from None
-    with lock:  # a resume does not start in the middle of a stop
-        _stop_run(rd, timeout)
-
-
-def _stop_run(rd, timeout: float) -> None:
-    """`rlctl stop` of one run, its lock held."""
-    from rlctl.rundir import TERMINAL_STATES, pid_alive, remove_weight_board, same_process
-
-    state = rd.read_state() or {}
-    status_now = rd.effective_status(state)
-    if status_now in TERMINAL_STATES:
-        print(f"{rd.run_id} is already {status_now}")
-        _reap(state)
-        _confirm_remote_hosts(rd)
-        return
-    if _supervised_by_batch_job(state):
-        raise typer.Exit(_stop_batch_job(rd, state, timeout))
-    pid = state.get("supervisor_pid")
-    if status_now != "lost" and same_process(pid, state.get("supervisor_start")):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.time() + timeout
-        while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
-            time.sleep(0.1)
-        while time.time() < deadline and pid_alive(pid):  # the supervisor itself exits just after writing its state
-            time.sleep(0.05)
-        state = rd.read_state() or {}
-        if rd.effective_status(state) not in TERMINAL_STATES or pid_alive(pid):
-            print(f"{rd.run_id} did not stop within {timeout:g}s (status {rd.effective_status(state)}); "
-                  f"killing its processes", file=sys.stderr)
-            _reap(state)
-            remove_weight_board(rd.read_plan() or {})
-            _confirm_remote_hosts(rd)
-            raise typer.Exit(EXIT_FAILED)
-    else:
-        # The supervisor is gone: end its processes ourselves (closing remote sessions too), then bring home what it
-        # would have, and record it.
-        _reap(state)
-        remove_weight_board(rd.read_plan() or {})
-        clean = _confirm_remote_hosts(rd, fetch_checkpoints=True)
-        state.update(status="stopped", ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
-        rd.write_state(state)
-        print(f"{rd.run_id} {rd.effective_status()}")
-        if not clean:
-            raise typer.Exit(EXIT_FAILED)
-        return
-    left = _reap(state)
-    print(f"{rd.run_id} {rd.effective_status()}" + (f"; {left} process groups had to be killed" if left else ""))
-    if not _confirm_remote_hosts(rd):
+    if not stopped:
         raise typer.Exit(EXIT_FAILED)
-
-
-def _supervised_by_batch_job(state: dict) -> bool:
-    """A run submitted with --sbatch whose supervisor is (or will be) a batch job on another machine."""
-    import socket
-
-    job = state.get("slurm_job_id")
-    host = state.get("supervisor_host")
-    return (isinstance(job, int) and not isinstance(job, bool) and job > 0
-            and (state.get("status") == "queued" or (isinstance(host, str) and host != socket.gethostname())))
-
-
-def _stop_batch_job(rd, state: dict, timeout: float) -> int:
-    """Stop a batch-job run: SIGTERM to its supervisor through Slurm (a graceful stop, as Ctrl-C), then `scancel`
-    of the job if it has not ended within `timeout`. Returns the exit code."""
-    from rlctl.rundir import TERMINAL_STATES
-    from rlctl.slurm import SlurmError, job_nodes, slurm_command
-
-    job = state["slurm_job_id"]
-    try:
-        if state.get("status") == "queued":
-            slurm_command("scancel", str(job))
-            state = rd.read_state() or state
-            if state.get("status") == "queued":  # it never started
-                state.update(status="stopped", ended_at=time.time(), exit_reason=f"Slurm job {job} cancelled")
-                rd.write_state(state)
-        else:
-            slurm_command("scancel", "--signal=TERM", "--batch", str(job))
-        deadline = time.time() + timeout
-        while time.time() < deadline and rd.effective_status() not in TERMINAL_STATES | {"lost"}:
-            time.sleep(0.2)
-        while time.time() < deadline and job_nodes(job) is not None:  # the batch job ends once its supervisor has
-            time.sleep(0.2)
-        if job_nodes(job) is not None:
-            print(f"{rd.run_id} did not stop within {timeout:g}s: cancelling Slurm job {job}", file=sys.stderr)
-            slurm_command("scancel", str(job))
-            return EXIT_FAILED
-    except SlurmError as exc:
-        print(f"rlctl: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"{rd.run_id} {rd.effective_status()} (Slurm job {job} ended)")
-    return 0
-
-
-def _confirm_remote_hosts(rd, fetch_checkpoints: bool = False) -> bool:
-    """Check on every remote host of the run, at once, that none of its processes is left (killing any that are).
-
-    With fetch_checkpoints (the supervisor died, so it could not), remote processes first get a few seconds to
-    end by themselves (their sessions are closed: they write a final checkpoint), then their checkpoints come home.
-    """
-    plan = rd.read_plan() or {}
-    remote = {h["name"] for h in plan.get("hosts", []) if not h.get("local", True)}
-    if not remote:
-        return True
-    from rlctl.hosts import pull_directory, sweep_hosts
-    from rlctl.plan import CHECKPOINT_ROLES
-    from rlctl.remote import SESSION_LOST_GRACE_S, remote_checkpoint_dir
-    from rlctl.spec import load_job
-
-    hosts = [h for h in load_job(rd.job_toml).hosts if h.name in remote]
-    slurm_jobs = {h.slurm_job for h in hosts if h.slurm_job is not None}
-    if slurm_jobs:
-        from rlctl.slurm import job_nodes
-
-        if all(job_nodes(job) is None for job in slurm_jobs):
-            print(f"  Slurm job {', '.join(map(str, sorted(slurm_jobs)))} has ended: Slurm ended every step of it")
-            return True
-    if fetch_checkpoints:
-        deadline = time.time() + SESSION_LOST_GRACE_S + 3
-        while time.time() < deadline and any(r.get("left") for r in sweep_hosts(hosts, rd.run_id, kill=False).values()):
-            time.sleep(0.5)
-        writers = {p["host"] for p in plan.get("processes", []) if p.get("remote") and p["role"] in CHECKPOINT_ROLES}
-        fetched = pull_directory([h for h in hosts if h.name in writers], remote_checkpoint_dir(rd.run_id),
-                                 rd.checkpoints_dir)
-        for name, files in fetched.items():
-            print(f"  host {name}: " + (f"fetched {', '.join(files) or 'no checkpoints'}" if isinstance(files, list)
-                                        else f"could not fetch checkpoints: {files}"))
-    clean = True
-    for name, result in sweep_hosts(hosts, rd.run_id, kill=True).items():
-        if "error" in result:
-            clean = False
-            print(f"  host {name}: could not check: {result['error']}", file=sys.stderr)
-        elif result["killed"]:
-            print(f"  host {name}: killed {len(result['killed'])} leftover processes (pids "
-                  f"{', '.join(map(str, result['killed']))})" + (f"; {len(result['left'])} still there" if result['left'] else ""))
-            clean = clean and not result["left"]
-        else:
-            print(f"  host {name}: nothing of the run left")
-    return clean
-
-
-def _reap(state: dict) -> int:
-    """End every process group of the run still alive (SIGTERM, SIGKILL after 3 s); returns how many were."""
-    from rlctl.rundir import group_alive, pid_alive, same_process
-
-    # A group whose leader lives on as another process (its pid reused: another start time) is not the run's.
-    alive = [p["pgid"] for p in state.get("processes", []) if isinstance(p.get("pgid"), int) and p["pgid"] > 1
-             and group_alive(p["pgid"]) and (not pid_alive(p["pgid"]) or same_process(p["pgid"], p.get("start_time")))]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pgid in alive:
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 3
-        while time.time() < deadline and any(group_alive(g) for g in alive):
-            time.sleep(0.05)
-    return len(alive)
 
 
 @app.command()

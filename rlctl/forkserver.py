@@ -7,7 +7,7 @@ from itself; restarts come from it too. A forked child starts a new session, tak
 passed along as its stdout and stderr, replaces its environment with the plan's, and runs the role module as
 `__main__`. From there on it is the same process that `python -m rlctl.roles.<role>` would have been.
 
-The protocol runs over a SOCK_SEQPACKET socketpair (the supervisor's end is ForkServer, in supervise.py):
+The protocol runs over a SOCK_SEQPACKET socketpair (the supervisor's end is ForkServer, used by process_start.py):
   supervisor -> server: {"module": ..., "env": {...}}, with the write end of the process's output pipe attached
   server -> supervisor: {"ready": true} once imported; {"pid": p} after each fork; {"exit": p, "code": c} when
                         a child ends (c as Popen's returncode: negative for a signal)

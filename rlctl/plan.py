@@ -38,7 +38,7 @@ LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """Blueprint of one process ("as a class is to an object"): the running one is a supervise.ProcessHandle."""
+    """Blueprint of one process ("as a class is to an object"): the running one is a process_table.ProcessHandle."""
 
     name: str
     role: str

@@ -7,8 +7,11 @@ each shard's snapshot); this module decides what may change between segments and
 
 from __future__ import annotations
 
-from rlctl.rundir import RunDir, group_alive, status_of
-from rlctl.spec import JobSpec, host_secrets, resolved_dict, validate_job, with_host_secrets
+import sys
+from pathlib import Path
+
+from rlctl.rundir import RunBusy, RunDir, RunLock, group_alive, resolve_run, runs_root, status_of
+from rlctl.spec import JobSpec, host_secrets, load_job, resolved_dict, validate_job, with_host_secrets
 
 # What a resumed run may change: its stop criteria, how many of each process run, and where.
 RESUMABLE_KEYS = ("job.stop.", "topology.collectors", "topology.learner_procs", "topology.replay_shards",
@@ -98,3 +101,26 @@ def previous_segment(rundir: RunDir) -> dict:
 def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) and value >= 0 else 0
 
+
+
+def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None,
+                   until: list[str]) -> tuple[RunDir, JobSpec, dict, RunLock]:
+    """(run dir, job, what the next segment continues from, the run's lock) for `run --resume`. The caller lets the
+    lock go once the run's state says "created": a second resume then finds the run taken. RunNotFound, JobFileError
+    or ResumeRefused (a run another command holds too) say what is refused."""
+    rundir = resolve_run(runs_root(runs_dir), run)
+    try:
+        lock = rundir.lock()
+    except RunBusy as exc:
+        raise ResumeRefused(str(exc)) from None
+    try:
+        resumed = previous_segment(rundir)
+        old = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
+        new = load_job(job_file) if job_file is not None else None
+        spec = job_for_resume(old, new, parse_until(until), str(job_file or "--until"))
+    except BaseException:
+        lock.release()
+        raise
+    print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
+          file=sys.stderr)
+    return rundir, spec, resumed, lock
