@@ -38,7 +38,7 @@ from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir, group_alive, process_start_time, remove_weight_board
 from rlctl.slurm import job_nodes
 from rlctl.spec import JobSpec, load_job, resolved_dict, with_host_secrets
-from rlctl.stop_progress import stop_progress
+from rlctl.stop_progress import StopProgress, stop_progress
 
 STATE_INTERVAL_S = 0.5
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
@@ -230,9 +230,14 @@ class StopCriteria:
     def __init__(self, spec: JobSpec, started: float):
         self.stop, self.started = spec.job.stop.model_dump(), started
 
+    def met(self, m: dict, episodes_seen: int, now: float) -> StopProgress | None:
+        """The first criterion met, or None."""
+        return next((p for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
-        return next((p.reason for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+        met = self.met(m, episodes_seen, now)
+        return met.reason if met else None
 
 
 class Supervisor:
@@ -263,7 +268,8 @@ class Supervisor:
             self.hub.continue_from(max(int(resumed.get("env_steps", 0)), self.tb_floor),
                                    int(resumed.get("episodes", 0)))
         self.status = "created"
-        self.exit_reason: str | None = None
+        self.exit_reason: str | None = None  # for people; code reads stopped_by and failure
+        self.stopped_by: dict | None = None  # the [job.stop] criterion met (StopProgress.record)
         self.failure: dict | None = None
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -298,6 +304,7 @@ class Supervisor:
             "supervisor_host": socket.gethostname(), "slurm_job_id": self.slurm_job,
             "started_at": self.started_at,
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
+            "stopped_by": self.stopped_by,
             "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [h.row() for h in self.handles], "metrics": metrics,
             "learner_ranks": {str(r): v for r, v in sorted(self.hub.learner_ranks.items())},
@@ -463,9 +470,9 @@ class Supervisor:
                 next_state = now + STATE_INTERVAL_S
                 self._publish()
             # Checked on every pass (not only with state.json): a run that is done stops within 0.1 s.
-            reason = criteria.reached(self.hub.snapshot(), self.hub.episodes, now)
-            if reason:
-                self.status, self.exit_reason = "finished", reason
+            met = criteria.met(self.hub.snapshot(), self.hub.episodes, now)
+            if met:
+                self.status, self.exit_reason, self.stopped_by = "finished", met.reason, met.record()
                 return
 
     def _ping_sessions(self) -> None:

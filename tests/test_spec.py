@@ -774,6 +774,9 @@ def test_eval_stop_needs_the_configured_rounds_in_a_row():
     assert criteria.reached({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0) == \
         "eval/return_mean 500.0 >= 475 (3 rounds in a row)"
     assert criteria.reached({"eval/return_mean": 400.0, "eval/streak": 0}, 0, 1.0) is None
+    # What state.json keeps for code ("stopped_by"): the criterion and its figures, no sentence to parse.
+    assert criteria.met({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0).record() == \
+        {"criterion": "eval_return", "value": 500.0, "threshold": 475.0}
 
 
 def test_env_wrappers_short_and_table_forms_round_trip(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
@@ -65,8 +66,8 @@ class ReplayShard:
         # The rate limit goes on from its balance point: samples owed for the inserts so far count as made.
         spi = self.replay_spec.samples_per_insert
         self.sampled = int(max(0, buffer.inserted - self.replay_spec.min_size) * spi)
-        print(f"{self.rc.name}: loaded snapshot {self.snapshot_path}: {buffer.size} transitions (inserted "
-              f"{buffer.inserted}) in {time.monotonic() - started:.2f}s", flush=True)
+        events.emit("snapshot_loaded", process=self.rc.name, path=str(self.snapshot_path), size=int(buffer.size),
+                    inserted=int(buffer.inserted), seconds=round(time.monotonic() - started, 3))
 
     def describe_memory(self) -> None:
         """One log line: what a transition costs in memory, and in all."""
@@ -83,8 +84,8 @@ class ReplayShard:
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
         save_snapshot(self.buffer, self.snapshot_path)
         self.snapshot_at = self.buffer.inserted
-        print(f"{self.rc.name}: snapshot: {self.buffer.size} transitions (inserted {self.buffer.inserted}) in "
-              f"{time.monotonic() - started:.2f}s", flush=True)
+        events.emit("snapshot_written", process=self.rc.name, size=int(self.buffer.size),
+                    inserted=int(self.buffer.inserted), seconds=round(time.monotonic() - started, 3))
 
     def accepting(self) -> bool:
         """Rate limit: read experience only while inserts stay within samples / samples_per_insert."""
