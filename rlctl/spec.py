@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from rlctl.algos import ALGORITHMS, AlgorithmEntry
+from rlctl.limits import REPLAY_MAX_SAMPLE
 from rlctl.specbase import NonNegInt, PosFloat, PosInt, Section
 
 if sys.version_info >= (3, 11):
@@ -25,9 +26,6 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
-# Items a replay shard serves per sample request: rlctl.roles.replay.MAX_SAMPLE, mirrored here (a test keeps the two
-# equal) so that loading a job imports nothing heavy. A larger algorithm.batch_size would have every request dropped.
-REPLAY_MAX_SAMPLE = 1 << 16
 MAX_PORT = 65535
 # With network.base_port = 0, rlctl.plan.choose_base_port picks a range within these ports, in steps of 16. It ends
 # where Linux's ephemeral ports begin (ip_local_port_range): any outgoing connection may hold one of those for a

@@ -345,9 +345,8 @@ def _problems(data: dict) -> dict[str, str]:
 
 
 def test_batch_size_limit_is_the_replay_shards():
-    from rlctl.roles.replay import MAX_SAMPLE
+    from rlctl.limits import REPLAY_MAX_SAMPLE as MAX_SAMPLE
 
-    assert spec_mod.REPLAY_MAX_SAMPLE == MAX_SAMPLE
     assert validate_job(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE})).algorithm.batch_size == MAX_SAMPLE
     assert "algorithm.batch_size" in _problems(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE + 1}))
 

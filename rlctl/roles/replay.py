@@ -21,9 +21,9 @@ from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.frames import FrameReplay, frame_capacity, frame_stack_depth, parse_frame_items
+from rlctl.limits import REPLAY_MAX_SAMPLE
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
-MAX_SAMPLE = 1 << 16
 MAX_ITEMS = 1 << 20  # items one experience message may carry (a collector sends a few thousand)
 
 
@@ -140,7 +140,7 @@ class ReplayShard:
         """A learner's sample request or priority update."""
         if msg.kind == "sample":
             n = msg.meta.get("n")
-            if not isinstance(n, int) or not 1 <= n <= MAX_SAMPLE:
+            if not isinstance(n, int) or not 1 <= n <= REPLAY_MAX_SAMPLE:
                 self.dropped += 1
                 return
             self.pending.append((identity, n))
@@ -166,7 +166,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     exp_sock = net.server(zmq.PULL, rc.binds["experience"], rcvhwm=2,
                           rcvbuf=wire.experience_buffer_bytes(info.obs_bytes), maxmsgsize=frame)
     smp_sock = net.server(zmq.ROUTER, rc.binds["sample"], sndhwm=64, rcvhwm=1000,
-                          maxmsgsize=wire.CONTROL_MAXMSGSIZE + 16 * MAX_SAMPLE)
+                          maxmsgsize=wire.CONTROL_MAXMSGSIZE + 16 * REPLAY_MAX_SAMPLE)
     # Experience comes from collectors (an inference server sends its collectors'); only learners sample.
     pushers = wire.Admission(rc.keys, collector=wire.OWN_NAME, inference=wire.ANY_COLLECTOR)
     samplers = wire.Admission(rc.keys, learner=wire.ANY_RANK)
