@@ -94,6 +94,25 @@ class ReplayShard:
             return True
         return self.buffer.inserted <= self.replay_spec.min_size + self.sampled / spi
 
+    def take_experience(self, sock: zmq.Socket, admission: wire.Admission) -> None:
+        """Insert the collector batches waiting on the experience socket: at most 64, and only while the rate limit
+        accepts them, so sample requests are never starved."""
+        for count, (_, msg) in enumerate(wire.receive_waiting(sock, admission=admission), 1):
+            if msg is None:
+                self.dropped += 1
+            else:
+                self.on_experience(msg)
+            if count >= 64 or not self.accepting():
+                break
+
+    def take_requests(self, sock: zmq.Socket, admission: wire.Admission) -> None:
+        """Take every learner request waiting on the sample socket."""
+        for identity, msg in wire.receive_waiting(sock, routed=True, admission=admission):
+            if msg is None:
+                self.dropped += 1
+            else:
+                self.on_request(identity, msg)
+
     def on_experience(self, msg: wire.Message) -> None:
         """Insert one collector batch; dropped and counted unless it is exactly the job's item layout (from the env
         spaces, never from what arrives; frame stacks as frames and stack starts; floats finite) with one
@@ -181,21 +200,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         p.register(smp_sock, zmq.POLLIN)
     poller_all.register(exp_sock, zmq.POLLIN)
     while not stop:
-        events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
-        if exp_sock in events:
-            for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock, admission=pushers), 1):
-                if msg is None:
-                    shard.dropped += 1
-                else:
-                    shard.on_experience(msg)
-                if count >= 64 or not shard.accepting():  # bounded, so sample requests are never starved
-                    break
-        if smp_sock in events:
-            for identity, msg in wire.receive_waiting(smp_sock, routed=True, admission=samplers):
-                if msg is None:
-                    shard.dropped += 1
-                else:
-                    shard.on_request(identity, msg)
+        polled = dict((poller_all if shard.accepting() else poller_smp).poll(100))
+        if exp_sock in polled:
+            shard.take_experience(exp_sock, pushers)
+        if smp_sock in polled:
+            shard.take_requests(smp_sock, samplers)
         shard.serve(smp_sock)
         now = time.monotonic()
         if control.due(now):
