@@ -5,12 +5,12 @@
 One run of jobs/apex.toml (stop target replaced by a long env-step budget, checkpoints every second), and in it,
 `--rounds` times each, with the run learning in between:
 - collector: SIGKILL of collector-0's process -> its restarted incarnation's first batch sent to the replay shard
-  (its log line "first batch sent"; the supervisor's restart backoff, `topology.restart_backoff_s` = 0.5 s, included);
+  (its `first_batch_sent` event; the supervisor's restart backoff, `topology.restart_backoff_s` = 0.5 s, included);
 - learner: SIGKILL of the learner's rank-0 worker -> the first update of the ranks torchrun restarted from the newest
-  checkpoint (log line "first update");
+  checkpoint (its `first_update` event, rlctl.events);
 - resume: `rlctl stop`, then `rlctl run --resume` invoked -> the resumed learner's first update (new processes,
   torch imports, checkpoint and replay snapshot loads included).
-Times come from the log lines' timestamps (the supervisor stamps each line as it arrives). Medians are reported.
+Times come from the events' timestamps (the supervisor stamps each log line as it arrives). Medians are reported.
 
 Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...}
 """
@@ -32,7 +32,7 @@ import _children
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from rlctl.rundir import parse_log_line  # noqa: E402
+from rlctl import events  # noqa: E402
 
 
 def job_text() -> str:
@@ -62,16 +62,10 @@ def wait(predicate, timeout: float, what: str):
     raise SystemExit(f"faults: timed out waiting for {what}")
 
 
-def first_line_after(run_dir: Path, name: str, text: str, after: float) -> float | None:
-    """Timestamp of the first line of logs/<name>.log containing `text` stamped after `after`."""
-    path = run_dir / "logs" / f"{name}.log"
-    if not path.exists():
-        return None
-    for line in path.read_text(errors="replace").splitlines():
-        ts, body = parse_log_line(line)
-        if ts is not None and ts > after and text in body:
-            return ts
-    return None
+def first_event_after(run_dir: Path, name: str, event: str, after: float) -> float | None:
+    """Timestamp of the first `event` in logs/<name>.log stamped after `after`."""
+    found = events.first(run_dir / "logs" / f"{name}.log", event, after=after)
+    return found.ts if found else None
 
 
 def row(run_dir: Path, name: str) -> dict:
@@ -120,7 +114,7 @@ def main() -> None:
                  "a learning run")
             pgid, t0 = row(run_dir, "collector-0")["pid"], time.time()
             os.killpg(pgid, signal.SIGKILL)
-            t1 = wait(lambda: first_line_after(run_dir, "collector-0", "first batch sent", t0), 60, "the collector")
+            t1 = wait(lambda: first_event_after(run_dir, "collector-0", "first_batch_sent", t0), 60, "the collector")
             out["collector"].append(t1 - t0)
             print(f"collector-0 killed: first batch sent after {t1 - t0:.2f} s", flush=True)
 
@@ -128,7 +122,7 @@ def main() -> None:
             workers = rank_workers(row(run_dir, "learner-0")["pid"])
             t0 = time.time()
             os.kill(workers[0], signal.SIGKILL)
-            t1 = wait(lambda: first_line_after(run_dir, "learner-0", "first update", t0), 120, "the learner")
+            t1 = wait(lambda: first_event_after(run_dir, "learner-0", "first_update", t0), 120, "the learner")
             out["learner"].append(t1 - t0)
             print(f"learner rank killed: first update after {t1 - t0:.2f} s", flush=True)
 
@@ -137,7 +131,7 @@ def main() -> None:
             sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 10)
             t0 = time.time()
             sup = start(["run", "--resume", run_dir.name, "--runs-dir", str(runs)], log)
-            t1 = wait(lambda: first_line_after(run_dir, "learner-0", "first update", t0), 120, "the resumed learner")
+            t1 = wait(lambda: first_event_after(run_dir, "learner-0", "first_update", t0), 120, "the resumed learner")
             out["resume"].append(t1 - t0)
             print(f"run --resume: first update after {t1 - t0:.2f} s (round {r + 1})", flush=True)
         sup.send_signal(signal.SIGTERM)

@@ -319,7 +319,8 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path, insider: b
     crashed += end.get("status") == "failed"
     accepted = int(metrics.get(M.EVAL_RETURN_MEAN, 0) >= FORGED_RETURN) + int(metrics.get(M.ENV_STEPS, 0) >= FORGED_STEPS)
     accepted += forged_answers + int(nonfinite_checkpoint(run_dir))
-    solved = end.get("status") == "finished" and any(k in (end.get("exit_reason") or "") for k in ("return",))
+    solved = end.get("status") == "finished" and (end.get("stopped_by") or {}).get("criterion") in (
+        "eval_return", "train_return")
     print(f"{name}: {sent} bad messages to {', '.join(names)} in {fuzzing_ended - started:.1f} s "
           f"({skipped} sends refused by full queues); {end.get('status')}: {end.get('exit_reason')}; "
           f"net/dropped {metrics.get(M.NET_DROPPED)}, net/refused {metrics.get(M.NET_REFUSED)}; crashes {crashed}"

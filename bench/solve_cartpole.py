@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _children as children  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+RETURN_TARGETS = ("eval_return", "train_return")  # state.json's stopped_by criteria that mean solved
 ROWS = ("ppo", "appo", "impala", "apex", "r2d2", "r2d2_plain", "seed_impala", "seed_apex", "seed_r2d2", "sb3_ppo",
         "sb3_dqn")
 
@@ -137,7 +138,7 @@ def run_job_text(text: str, name: str, seed: int, cap: float, tb_max: tuple[str,
         state = json.loads((run_dir / "state.json").read_text())
         first_step = _first_env_step_s(run_dir, t0)
         maxima = _tb_maxima(run_dir, tb_max) if tb_max else {}
-    solved = state.get("status") == "finished" and "return" in (state.get("exit_reason") or "")
+    solved = state.get("status") == "finished" and (state.get("stopped_by") or {}).get("criterion") in RETURN_TARGETS
     metrics = state.get("metrics", {})
     return {"solved": solved, "wall_s": wall if solved else None, "env_steps": int(metrics.get("charts/env_steps", 0)),
             "return_mean": metrics.get("charts/episode_return_mean"), "startup_s": first_step,
@@ -155,16 +156,11 @@ def _tb_maxima(run_dir: Path, tags: tuple[str, ...]) -> dict[str, float]:
 
 
 def _first_env_step_s(run_dir: Path, t0: float) -> float | None:
-    """Seconds from `rlctl run` being invoked (t0) to a collector's first env step (its "first env step" line)."""
-    from rlctl.rundir import parse_log_line
+    """Seconds from `rlctl run` being invoked (t0) to a collector's first env step (its `first_env_step` event)."""
+    from rlctl import events
 
-    ts = []
-    for p in (run_dir / "logs").glob("collector-*.log"):
-        for line in p.read_text().splitlines():
-            if "first env step" in line:
-                ts.append(parse_log_line(line)[0])
-                break
-    ts = [t for t in ts if t]
+    found = [events.first(p, "first_env_step") for p in (run_dir / "logs").glob("collector-*.log")]
+    ts = [e.ts for e in found if e is not None and e.ts is not None]
     return min(ts) - t0 if ts else None
 
 

@@ -9,22 +9,23 @@ tree read level by level) are tuned for; see bench/replay.py.
 
 Snapshots (`save_snapshot` / `load_snapshot`) let a replay shard survive a
 SIGKILL: plain arrays in an uncompressed .npz, written atomically, read back with
-pickling disabled and every array validated before anything is allocated.
+pickling disabled and every array validated before anything is allocated (the
+format and its parser: rlctl.replay_snapshot).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from rlctl.durable import replace_file
+from rlctl.replay_snapshot import (DEFAULT_MAX_SNAPSHOT_BYTES, ReplaySnapshot, SnapshotError, read_snapshot_arrays,
+                                   save_snapshot)
 
-__all__ = ["SumTree", "PrioritizedReplay", "SnapshotError", "save_snapshot", "load_snapshot"]
+__all__ = ["SumTree", "PrioritizedReplay", "SnapshotError", "save_snapshot", "load_snapshot",
+           "DEFAULT_MAX_SNAPSHOT_BYTES"]
 
 
 def _valid_priorities(priorities) -> np.ndarray:
@@ -176,24 +177,6 @@ class SumTree:
         return valid[np.where(pos > 0, pos - 1, 0)]
 
 
-class SnapshotError(ValueError):
-    """A replay snapshot that is unreadable, malformed or inconsistent (the message names what is wrong)."""
-
-
-_SNAPSHOT_FORMAT = "rlctl.PrioritizedReplay"
-_SNAPSHOT_VERSION = 1
-_INT_SCALARS = ("capacity", "size", "inserted", "sampled_batches", "beta_steps", "next_slot")
-_FLOAT_SCALARS = ("max_priority", "alpha", "beta", "eps")
-# bool, ints, floats, complex, datetimes, fixed-size strings: never objects, structs or raw void bytes.
-_FIELD_KINDS = frozenset("biufcmMSU")
-_RNG_CLASSES = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
-_MAX_JSON_BYTES = 1 << 20  # layout / RNG state are tiny; a bigger blob is junk, not worth parsing
-_MAX_FIELD_NDIM = 32  # numpy allows 64 dims in all, and a record field adds the slot axis
-# Refuse snapshots whose rebuilt buffer would need more memory than this (a crafted capacity or
-# field shape must not be able to OOM-kill the shard); raise it via `max_bytes` for bigger buffers.
-DEFAULT_MAX_SNAPSHOT_BYTES = 1 << 36
-
-
 class PrioritizedReplay:
     """Fixed-capacity FIFO ring of transitions with proportional prioritized sampling (Schaul et al. 2016).
 
@@ -253,30 +236,13 @@ class PrioritizedReplay:
     def snapshot_arrays(self) -> dict[str, np.ndarray]:
         """Copies of everything `from_snapshot` needs to rebuild this buffer exactly, as plain (non-object) arrays."""
         size = self.size
-        layout = {
-            "format": _SNAPSHOT_FORMAT,
-            "version": _SNAPSHOT_VERSION,
-            "fields": [
-                {"name": name, "shape": list(self._shapes[name]), "dtype": _snapshot_dtype(name, a.dtype)}
-                for name, a in self._storage.items()
-            ],
-        }
-        out = {"layout": _json_array(layout), "rng_state": _json_array(self._rng.bit_generator.state)}
-        # Slots fill 0, 1, 2, ... and are then only overwritten, so the filled ones are exactly [0, size):
-        # storing that prefix keeps every slot position.
-        out["keys"] = self._keys[:size].copy()
-        # Leaves only: inner nodes are a pure function of the leaves, so rebuilding them is exact.
-        out["priorities"] = self._tree._leaves[:size].copy()
-        # Numbered, not named: field names may hold any characters, zip member names should not.
-        for i, a in enumerate(self._storage.values()):
-            out[f"field_{i}"] = a[:size].copy()
-        next_slot = self.inserted % self.capacity  # where `add` puts the next transition
-        ints = (self.capacity, size, self.inserted, self.sampled_batches, self.beta_steps, next_slot)
-        for name, v in zip(_INT_SCALARS, ints):
-            out[name] = np.array(v, dtype=np.int64)
-        for name, v in zip(_FLOAT_SCALARS, (self.max_priority, self.alpha, self.beta, self.eps)):
-            out[name] = np.array(v, dtype=np.float64)
-        return out
+        return ReplaySnapshot(
+            fields=[(name, self._shapes[name], a.dtype) for name, a in self._storage.items()],
+            capacity=self.capacity, size=size, inserted=self.inserted, sampled_batches=self.sampled_batches,
+            beta_steps=self.beta_steps, max_priority=self.max_priority, alpha=self.alpha, beta=self.beta,
+            eps=self.eps, keys=self._keys[:size], priorities=self._tree._leaves[:size],
+            data=[a[:size] for a in self._storage.values()], rng=self._rng,
+        ).to_arrays()
 
     @classmethod
     def from_snapshot(
@@ -287,92 +253,28 @@ class PrioritizedReplay:
         max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     ) -> PrioritizedReplay:
         """Rebuild a buffer from `snapshot_arrays` output, validating all of it first (SnapshotError if not valid)."""
-        fields = _parse_layout(_json_value(arrays, "layout"))
-        expected = {*_INT_SCALARS, *_FLOAT_SCALARS, "layout", "rng_state", "keys", "priorities"}
-        expected.update(f"field_{i}" for i in range(len(fields)))
-        unknown = set(arrays) - expected
-        if unknown:
-            raise SnapshotError(f"unexpected arrays {sorted(map(str, unknown))} (layout has {len(fields)} fields)")
-        cap, size, inserted, sampled, beta_steps, next_slot = (_scalar(arrays, n, np.int64) for n in _INT_SCALARS)
-        max_p, alpha, beta, eps = (_scalar(arrays, n, np.float64) for n in _FLOAT_SCALARS)
-
-        if cap < 1:
-            raise SnapshotError(f"capacity must be >= 1, got {cap}")
-        if capacity is not None and int(capacity) != cap:
-            raise SnapshotError(f"snapshot capacity {cap} != requested capacity {int(capacity)}")
-        if not 0 <= size <= cap:
-            raise SnapshotError(f"size {size} outside [0, capacity={cap}]")
-        if inserted < 0 or sampled < 0:
-            raise SnapshotError(f"counters must be non-negative: inserted={inserted}, sampled_batches={sampled}")
-        # FIFO invariants of `add`: the buffer fills up before wrapping; the next insert goes to inserted % capacity.
-        if size != min(cap, inserted):
-            raise SnapshotError(f"size {size} != min(capacity={cap}, inserted={inserted})")
-        if next_slot != inserted % cap:
-            raise SnapshotError(f"next_slot {next_slot} != inserted % capacity = {inserted % cap}")
-        for name, v in zip(_FLOAT_SCALARS, (max_p, alpha, beta, eps)):
-            if not math.isfinite(v):
-                raise SnapshotError(f"{name} must be finite, got {v}")
-        if alpha < 0 or eps < 0 or max_p < 0:
-            raise SnapshotError(f"alpha, eps and max_priority must be >= 0, got {alpha}, {eps}, {max_p}")
-        try:  # `add` computes this for every default-priority insert; an overflow would break all later adds
-            default_leaf = (max_p + eps) ** alpha
-        except OverflowError:
-            default_leaf = math.inf
-        if not math.isfinite(default_leaf):
-            raise SnapshotError(f"(max_priority + eps) ** alpha overflows: {max_p}, {eps}, {alpha}")
-
-        # Check the memory the rebuilt buffer needs before allocating any of it (Python ints: no overflow).
-        record_bytes = sum(math.prod(shape) * dt.itemsize + dt.alignment for _, shape, dt in fields)
-        leaves = 1 << max(0, (cap - 1).bit_length())
-        need = cap * (record_bytes + 8) + 16 * leaves
-        if need > max_bytes:
-            raise SnapshotError(f"rebuilt buffer would need ~{need} bytes > max_bytes={max_bytes}")
-
-        keys = _array(arrays, "keys")
-        if keys.dtype != np.int64 or keys.shape != (size,):
-            raise SnapshotError(f"'keys' must be int64 of shape ({size},), got {keys.dtype} {keys.shape}")
-        # The live keys are exactly inserted-size .. inserted-1, key k in slot k % capacity.
-        live = np.arange(inserted - size, inserted, dtype=np.int64)
-        want = np.empty(size, dtype=np.int64)
-        want[live % cap] = live
-        bad = np.flatnonzero(keys != want)
-        if bad.size:
-            s = int(bad[0])
-            raise SnapshotError(
-                f"keys inconsistent with inserted={inserted}: slot {s} holds {keys[s]}, expected {want[s]}")
-
-        prio = _array(arrays, "priorities")
-        if prio.dtype != np.float64 or prio.shape != (size,):
-            raise SnapshotError(f"'priorities' must be float64 of shape ({size},), got {prio.dtype} {prio.shape}")
-        bad = np.flatnonzero(~(np.isfinite(prio) & (prio >= 0.0)))
-        if bad.size:
-            s = int(bad[0])
-            raise SnapshotError(f"priorities must be finite and >= 0: slot {s} has {prio[s]} ({bad.size} bad)")
-
-        data = []
-        for i, (name, shape, dt) in enumerate(fields):
-            a = _array(arrays, f"field_{i}")
-            if a.dtype != dt or a.shape != (size, *shape):
-                raise SnapshotError(
-                    f"'field_{i}' ({name!r}) is {a.dtype} {a.shape}, layout says {dt.str} {(size, *shape)}")
-            data.append(a)
-        rng = _rng_from_state(_json_value(arrays, "rng_state"))
-
+        snap = ReplaySnapshot.from_arrays(arrays, capacity, max_bytes=max_bytes)
         try:
-            buf = cls(cap, {name: (shape, dt) for name, shape, dt in fields},
-                      alpha=alpha, beta=beta, beta_steps=beta_steps, eps=eps)
+            buf = cls(snap.capacity, {name: (shape, dt) for name, shape, dt in snap.fields},
+                      alpha=snap.alpha, beta=snap.beta, beta_steps=snap.beta_steps, eps=snap.eps)
         except (ValueError, TypeError, MemoryError) as e:
             raise SnapshotError(f"cannot allocate a buffer for this snapshot: {e}") from e
-        for (name, _, _), a in zip(fields, data):
-            buf._storage[name][:size] = a
-        buf._keys[:size] = keys
-        with np.errstate(over="ignore"):  # finite leaves can still sum past float64 max: reported just below
-            buf._tree.update_range(0, prio)
-        if not math.isfinite(buf._tree.total()):
-            raise SnapshotError("priorities sum to infinity")
-        buf.size, buf.inserted, buf.sampled_batches, buf.max_priority = size, inserted, sampled, max_p
-        buf._rng = rng
+        buf._restore(snap)
         return buf
+
+    def _restore(self, snap: ReplaySnapshot) -> None:
+        """Fill this fresh buffer (built with the snapshot's capacity and layout) with a parsed snapshot."""
+        size = snap.size
+        for (name, _, _), a in zip(snap.fields, snap.data):
+            self._storage[name][:size] = a
+        self._keys[:size] = snap.keys
+        with np.errstate(over="ignore"):  # finite leaves can still sum past float64 max: reported just below
+            self._tree.update_range(0, snap.priorities)
+        if not math.isfinite(self._tree.total()):
+            raise SnapshotError("priorities sum to infinity")
+        self.size, self.inserted, self.sampled_batches = size, snap.inserted, snap.sampled_batches
+        self.max_priority = snap.max_priority
+        self._rng = snap.rng
 
     def beta_now(self) -> float:
         """Importance-sampling exponent, annealed linearly from `beta` to exactly 1.0 over `beta_steps` samples."""
@@ -484,12 +386,6 @@ class PrioritizedReplay:
         return applied
 
 
-def save_snapshot(replay, path: str | Path) -> Path:
-    """Write `replay` (a PrioritizedReplay, or anything with its `snapshot_arrays`) to `path` as an uncompressed .npz, atomically and durably (the old file survives any failure)."""
-    arrays = replay.snapshot_arrays()
-    return replace_file(path, lambda f: np.savez(f, **arrays))
-
-
 def load_snapshot(
     path: str | Path, capacity: int | None = None, *, max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
     replay_class=PrioritizedReplay,
@@ -497,128 +393,8 @@ def load_snapshot(
     """Rebuild a buffer written by `save_snapshot` (through `replay_class.from_snapshot`); SnapshotError if
     unreadable/invalid, FileNotFoundError if absent."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            # Only a zip can be an .npz; refusing anything else early also avoids reading a huge bare .npy.
-            if f.read(4) != b"PK\x03\x04":
-                raise SnapshotError("not an .npz (zip) file")
-            f.seek(0)
-            with np.load(f, allow_pickle=False) as z:
-                # save_snapshot never compresses, and stored members cannot decompress into more than the file.
-                packed = [i.filename for i in z.zip.infolist() if i.compress_type != zipfile.ZIP_STORED]
-                if packed:
-                    raise SnapshotError(f"compressed members {packed} (snapshots are written uncompressed)")
-                arrays = {name: z[name] for name in z.files}
-    except FileNotFoundError:
-        raise
-    except SnapshotError as e:
-        raise SnapshotError(f"{path}: {e}") from None
-    # Hostile bytes can fail zipfile / numpy.lib.format in many ways (BadZipFile, EOFError, ValueError for
-    # object arrays, MemoryError for absurd shapes, ...): all of them mean "bad snapshot".
-    except Exception as e:
-        raise SnapshotError(f"{path}: cannot read snapshot: {type(e).__name__}: {e}") from e
+    arrays = read_snapshot_arrays(path)
     try:
         return replay_class.from_snapshot(arrays, capacity, max_bytes=max_bytes)
     except SnapshotError as e:
         raise SnapshotError(f"{path}: {e}") from None
-
-
-def _snapshot_dtype(name: str, dt: np.dtype) -> str:
-    """`dt` as the dtype string a layout stores; SnapshotError for dtypes snapshots do not support."""
-    if dt.kind not in _FIELD_KINDS or dt.fields is not None or dt.subdtype is not None or np.dtype(dt.str) != dt:
-        raise SnapshotError(f"field {name!r}: dtype {dt} cannot be snapshotted (plain numeric/string dtypes only)")
-    return dt.str
-
-
-def _json_array(obj) -> np.ndarray:
-    """`obj` as UTF-8 JSON bytes in a uint8 array (numpy arrays inside become lists)."""
-    text = json.dumps(obj, separators=(",", ":"), default=lambda o: o.tolist())
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).copy()
-
-
-def _array(arrays: Mapping[str, np.ndarray], name: str) -> np.ndarray:
-    """arrays[name], which must exist and be a non-object numpy array."""
-    if name not in arrays:
-        raise SnapshotError(f"missing array {name!r}")
-    try:
-        a = arrays[name]
-    except Exception as e:  # a lazy mapping (an open NpzFile) reads here
-        raise SnapshotError(f"cannot read array {name!r}: {type(e).__name__}: {e}") from e
-    if not isinstance(a, np.ndarray):
-        raise SnapshotError(f"{name!r} is a {type(a).__name__}, not a numpy array")
-    if a.dtype.hasobject:
-        raise SnapshotError(f"{name!r} has object dtype {a.dtype}")
-    return a
-
-
-def _scalar(arrays: Mapping[str, np.ndarray], name: str, dtype: type) -> int | float:
-    """arrays[name] as a Python int/float; it must be a 0-d or 1-element array of exactly `dtype`."""
-    a = _array(arrays, name)
-    if a.dtype != dtype or a.shape not in ((), (1,)):
-        raise SnapshotError(f"{name!r} must be a 0-d or 1-element {np.dtype(dtype)} array, got {a.dtype} {a.shape}")
-    return a.reshape(()).item()
-
-
-def _json_value(arrays: Mapping[str, np.ndarray], name: str):
-    """Parse arrays[name], a 1-D uint8 array of UTF-8 JSON."""
-    a = _array(arrays, name)
-    if a.dtype != np.uint8 or a.ndim != 1:
-        raise SnapshotError(f"{name!r} must be a 1-D uint8 array of JSON, got {a.dtype} {a.shape}")
-    if a.size > _MAX_JSON_BYTES:
-        raise SnapshotError(f"{name!r} is {a.size} bytes, more than {_MAX_JSON_BYTES}")
-    try:
-        return json.loads(a.tobytes().decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise SnapshotError(f"{name!r} is not valid UTF-8 JSON: {e}") from None
-
-
-def _parse_layout(layout) -> list[tuple[str, tuple[int, ...], np.dtype]]:
-    """Validate a layout dict -> [(field name, shape, dtype)] in buffer order."""
-    if not isinstance(layout, dict) or layout.get("format") != _SNAPSHOT_FORMAT:
-        raise SnapshotError(f"layout: not a {_SNAPSHOT_FORMAT} snapshot")
-    if layout.get("version") != _SNAPSHOT_VERSION:
-        raise SnapshotError(f"layout: unsupported version {layout.get('version')!r} (expected {_SNAPSHOT_VERSION})")
-    fields = layout.get("fields")
-    if not isinstance(fields, list) or not fields:
-        raise SnapshotError("layout: 'fields' must be a non-empty list")
-    out, seen = [], set()
-    for i, f in enumerate(fields):
-        if not isinstance(f, dict) or set(f) != {"name", "shape", "dtype"}:
-            raise SnapshotError(f"layout field {i}: expected an object with exactly name, shape and dtype")
-        name, shape, dtype = f["name"], f["shape"], f["dtype"]
-        if not isinstance(name, str) or not name or name in seen:
-            raise SnapshotError(f"layout field {i}: name must be a unique non-empty string, got {name!r}")
-        seen.add(name)
-        # type() is int: rejects bools and floats, which isinstance(_, int) / int() would let through.
-        if (not isinstance(shape, list) or len(shape) > _MAX_FIELD_NDIM
-                or not all(type(d) is int and d >= 0 for d in shape)):
-            raise SnapshotError(f"layout field {name!r}: shape must be a list of at most "
-                                f"{_MAX_FIELD_NDIM} non-negative ints, got {shape!r}")
-        out.append((name, tuple(shape), _layout_dtype(name, dtype)))
-    return out
-
-
-def _layout_dtype(name: str, s) -> np.dtype:
-    """The dtype a layout names; only canonical strings of plain dtypes, as `_snapshot_dtype` writes them."""
-    dt = None
-    if isinstance(s, str) and len(s) <= 32:
-        try:
-            dt = np.dtype(s)
-        except Exception:  # TypeError / ValueError / deprecation warnings-as-errors for junk strings
-            dt = None
-    if dt is None or dt.str != s or dt.kind not in _FIELD_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise SnapshotError(f"layout field {name!r}: unsupported dtype {s!r}")
-    return dt
-
-
-def _rng_from_state(state) -> np.random.Generator:
-    """A Generator over one of numpy's own bit generators, restored to `state` (a bit_generator.state dict)."""
-    kind = state.get("bit_generator") if isinstance(state, dict) else None
-    if kind not in _RNG_CLASSES:
-        raise SnapshotError(f"rng_state: unsupported bit generator {kind!r}")
-    bit_generator = getattr(np.random, kind)()
-    try:
-        bit_generator.state = state
-    except Exception as e:  # the setters raise TypeError / ValueError / KeyError / OverflowError on junk
-        raise SnapshotError(f"rng_state: invalid {kind} state: {type(e).__name__}: {e}") from None
-    return np.random.Generator(bit_generator)

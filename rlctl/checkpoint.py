@@ -133,27 +133,53 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     (unreadable, records missing or malformed, weights that do not fit, an env that cannot be made or whose spaces are
     not the checkpoint's) is a CheckpointError with a one-line reason.
     """
-    from rlctl.algos import build_model
-    from rlctl.envs import SpaceInfo, probe_space_info
     from rlctl.roles.evaluator import greedy_episodes
-    from rlctl.spec import JobFileError, validate_job
 
     data = load_checkpoint(path)
     if job is None:
-        stored = _record(data, "job")
-        if not isinstance(stored, dict):
-            raise CheckpointError(f"its 'job' record is a {type(stored).__name__}, not a table")
-        try:
-            job = validate_job(stored, "job")
-        except JobFileError as exc:
-            problems = "; ".join(f"{key}: {reason}" if key else reason for key, reason in exc.problems)
-            raise CheckpointError(f"its job is not valid: {_one_line(Exception(problems))}") from None
-        named = [] if trust_checkpoint else code_named_by(job.env)
-        if named:
-            raise UntrustedCheckpoint(
-                f"its job names code to import ({', '.join(named)}), which rlctl eval does not run from a checkpoint "
-                "file: pass --job FILE (a job file of yours for the env) or, if you trust where the file came from, "
-                "--trust-checkpoint")
+        job = _stored_job(data, trust_checkpoint)
+    model, updates = _policy(data, job)
+    try:
+        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algorithm_entry.recurrent, video_dir=video_dir)
+    except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
+        raise CheckpointError(f"cannot record video: {_one_line(exc)} (pip install -e '.[video]')") from None
+    out = {"checkpoint": str(path), "updates": updates, "episodes": episodes,
+           "return_mean": float(returns.mean()), "return_min": float(returns.min()),
+           "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
+           "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
+    if video_dir is not None:
+        out["videos"] = [str(Path(video_dir) / f"episode-{i}-episode-0.mp4") for i in range(episodes)]
+    return out
+
+
+def _stored_job(data: dict, trust_checkpoint: bool):
+    """The job a checkpoint holds, validated like a job file; UntrustedCheckpoint if it names code to import and
+    the user did not say they trust the file."""
+    from rlctl.spec import JobFileError, validate_job
+
+    stored = _record(data, "job")
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"its 'job' record is a {type(stored).__name__}, not a table")
+    try:
+        job = validate_job(stored, "job")
+    except JobFileError as exc:
+        problems = "; ".join(f"{key}: {reason}" if key else reason for key, reason in exc.problems)
+        raise CheckpointError(f"its job is not valid: {_one_line(Exception(problems))}") from None
+    named = [] if trust_checkpoint else code_named_by(job.env)
+    if named:
+        raise UntrustedCheckpoint(
+            f"its job names code to import ({', '.join(named)}), which rlctl eval does not run from a checkpoint "
+            "file: pass --job FILE (a job file of yours for the env) or, if you trust where the file came from, "
+            "--trust-checkpoint")
+    return job
+
+
+def _policy(data: dict, job) -> tuple[torch.nn.Module, int]:
+    """(the job's network with the checkpoint's weights loaded, the checkpoint's update count); CheckpointError
+    unless the file's records, the env the job makes and the weights all fit together."""
+    from rlctl.algos import build_model
+    from rlctl.envs import SpaceInfo, probe_space_info
+
     if "space" not in data:
         raise CheckpointError("checkpoint has no 'space' record (written by an older rlctl)")
     try:
@@ -185,17 +211,7 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
         model.load_state_dict(state)
     except Exception as exc:  # RuntimeError: values that are not tensors, dtypes torch cannot copy
         raise CheckpointError(f"its weights do not fit the job's network ({_one_line(exc)})") from None
-    try:
-        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algorithm_entry.recurrent, video_dir=video_dir)
-    except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
-        raise CheckpointError(f"cannot record video: {_one_line(exc)} (pip install -e '.[video]')") from None
-    out = {"checkpoint": str(path), "updates": updates, "episodes": episodes,
-           "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-           "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
-           "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
-    if video_dir is not None:
-        out["videos"] = [str(Path(video_dir) / f"episode-{i}-episode-0.mp4") for i in range(episodes)]
-    return out
+    return model, updates
 
 
 def _check_weight_shapes(job, info, state: dict) -> None:

@@ -32,6 +32,7 @@ import zlib
 from pathlib import Path
 
 import rlctl
+from rlctl import events
 
 # Seconds a group gets between SIGTERM and SIGKILL when its session closes.
 SESSION_LOST_GRACE_S = 5.0
@@ -135,7 +136,8 @@ class TetheredGroup:
         while True:
             line = session.line(timeout)
             if line is None:
-                print(f"rlctl.remote: no word from the supervisor for {timeout:g}s: stopping", flush=True)
+                events.emit("exit", reason=events.EXIT_SUPERVISOR_SILENT,
+                            detail=f"rlctl.remote: no word from the supervisor for {timeout:g}s: stopping")
                 break
             if not line:
                 break

@@ -40,6 +40,7 @@ class RunEnd:
     status: str
     reason: str
     failure: dict | None = None
+    stopped_by: dict | None = None  # the [job.stop] criterion met, with its figures (StopProgress.record)
 
 
 def process_row(h: ProcessHandle) -> dict:
@@ -75,7 +76,8 @@ class RunState:
         self.spec, self.plan, self.rundir, self.table, self.sink = spec, plan, rundir, table, sink
         self.display = display  # callable(state) for the live table / progress line, or None
         self.status = "created"
-        self.exit_reason: str | None = None
+        self.exit_reason: str | None = None  # for people; code reads stopped_by and failure
+        self.stopped_by: dict | None = None  # the [job.stop] criterion met (StopProgress.record)
         self.failure: dict | None = None
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -87,6 +89,8 @@ class RunState:
     def end(self, ending: RunEnd) -> None:
         """The run ends as `ending` says."""
         self.status, self.exit_reason = ending.status, ending.reason
+        if ending.stopped_by is not None:
+            self.stopped_by = ending.stopped_by
         if ending.failure is not None:
             self.failure = ending.failure
 
@@ -107,7 +111,7 @@ class RunState:
             "supervisor_host": socket.gethostname(), "slurm_job_id": self.table.slurm_job,
             "started_at": self.started_at,
             "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
-            "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
+            "stopped_by": self.stopped_by, "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [process_row(h) for h in self.table.handles], "metrics": self.sink.figures(),
             "learner_ranks": {str(r): v for r, v in sorted(hub.learner_ranks.items())},
             "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],

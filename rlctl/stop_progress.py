@@ -26,10 +26,16 @@ class StopProgress:
     met: bool
     reason: str  # why the run stopped, when met
     note: str = ""  # what else counts (rounds in a row, the episodes averaged)
+    value: float | None = None  # `current` as a number (None before the run has one)
+    threshold: float | None = None  # `target` as a number
 
     def text(self) -> str:
         """"current / target (note)"."""
         return f"{self.current} / {self.target}" + (f" ({self.note})" if self.note else "")
+
+    def record(self) -> dict:
+        """What state.json keeps of the criterion that stopped a run ("stopped_by"): code reads this, not `reason`."""
+        return {"criterion": self.criterion, "value": self.value, "threshold": self.threshold}
 
 
 def _num(x) -> float | None:
@@ -55,7 +61,8 @@ def stop_progress(stop: dict, metrics: dict, elapsed_s: float | None, episodes_s
                                 f"{target:g}", fraction, None, met,
                                 f"eval/return_mean {value if value is not None else 0:.1f} >= {target:g}"
                                 + (f" ({rounds} rounds in a row)" if rounds > 1 else ""),
-                                f"{min(streak, rounds)} of {rounds} rounds in a row" if rounds > 1 else ""))
+                                f"{min(streak, rounds)} of {rounds} rounds in a row" if rounds > 1 else "",
+                                value=value, threshold=target))
     target = _num(stop.get("train_return"))
     if target is not None:
         window = int(_num(stop.get("train_return_window")) or 1)
@@ -65,7 +72,7 @@ def stop_progress(stop: dict, metrics: dict, elapsed_s: float | None, episodes_s
         out.append(StopProgress("train_return", "train return", f"{value:.1f}" if value is not None else "-",
                                 f"{target:g}", 1.0 if met else None, None, met,
                                 f"charts/episode_return_mean {value if value is not None else 0:.1f} >= {target:g}",
-                                f"mean of the last {window} episodes"))
+                                f"mean of the last {window} episodes", value=value, threshold=target))
     target = _num(stop.get("env_steps"))
     if target is not None:
         steps = _num(metrics.get(M.ENV_STEPS)) or 0.0
@@ -73,13 +80,13 @@ def stop_progress(stop: dict, metrics: dict, elapsed_s: float | None, episodes_s
         met = steps >= target
         out.append(StopProgress("env_steps", "env steps", f"{steps:,.0f}", f"{target:,.0f}", min(1.0, steps / target),
                                 None if met or rate <= 0 else (target - steps) / rate, met,
-                                f"charts/env_steps {int(steps)} >= {int(target)}"))
+                                f"charts/env_steps {int(steps)} >= {int(target)}", value=steps, threshold=target))
     target = _num(stop.get("wall_s"))
     if target is not None and elapsed_s is not None:
         met = elapsed_s >= target
         out.append(StopProgress("wall_s", "wall time", f"{elapsed_s:,.0f}s", f"{target:,.0f}s",
                                 min(1.0, elapsed_s / target), None if met else target - elapsed_s, met,
-                                f"wall time {elapsed_s:.0f}s >= {target:g}s"))
+                                f"wall time {elapsed_s:.0f}s >= {target:g}s", value=elapsed_s, threshold=target))
     return out
 
 

@@ -28,7 +28,7 @@ from rlctl.remote_cleanup import finish_remote
 from rlctl.run_state import RunEnd, RunState
 from rlctl.rundir import RunDir, remove_weight_board
 from rlctl.spec import JobSpec, load_job, with_host_secrets
-from rlctl.stop_progress import stop_progress
+from rlctl.stop_progress import StopProgress, stop_progress
 
 STATE_INTERVAL_S = 0.5
 STOP_GRACE_S = 20.0
@@ -41,9 +41,14 @@ class StopCriteria:
     def __init__(self, spec: JobSpec, started: float):
         self.stop, self.started = spec.job.stop.model_dump(), started
 
+    def met(self, m: dict, episodes_seen: int, now: float) -> StopProgress | None:
+        """The first criterion met, or None."""
+        return next((p for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
-        return next((p.reason for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+        met = self.met(m, episodes_seen, now)
+        return met.reason if met else None
 
 
 class Supervisor:
@@ -120,9 +125,9 @@ class Supervisor:
                 next_state = now + STATE_INTERVAL_S
                 self.run_state.publish()
             # Checked on every pass (not only with state.json): a run that is done stops within 0.1 s.
-            reason = criteria.reached(self.sink.hub.snapshot(), self.sink.hub.episodes, now)
-            if reason:
-                self.run_state.end(RunEnd("finished", reason))
+            met = criteria.met(self.sink.hub.snapshot(), self.sink.hub.episodes, now)
+            if met:
+                self.run_state.end(RunEnd("finished", met.reason, stopped_by=met.record()))
                 return
 
     def _keep_in_touch(self, drain_ms: int) -> None:

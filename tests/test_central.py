@@ -14,6 +14,7 @@ import pytest
 
 from conftest import only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
+from rlctl import events
 
 pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
@@ -76,7 +77,8 @@ def test_seed_impala_solves_with_batched_requests_and_collectors_that_load_no_mo
     assert "libtorch" in Path(f"/proc/{_pid(state, 'inference-0')}/maps").read_text()
     state = _ended(run_dir)
     assert state["status"] == "finished", state.get("exit_reason")
-    assert state["exit_reason"].startswith("charts/episode_return_mean"), state["exit_reason"]
+    assert state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
+    assert state["stopped_by"]["value"] >= state["stopped_by"]["threshold"]
     m = state["metrics"]
     assert m["collector/torch_loaded"] == 0  # each collector's own look at sys.modules, every heartbeat
     assert m["net/dropped"] == 0 and m["collector/stale_answers"] == 0
@@ -115,13 +117,14 @@ def test_collector_killed_mid_request_gets_a_new_session_and_answers_stay_exactl
         os.kill(server, signal.SIGCONT)
     state = _ended(run_dir)
     assert state["status"] == "finished", state.get("exit_reason")
-    assert state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    assert state["stopped_by"]["criterion"] == "env_steps", state["exit_reason"]
     rows = {p["name"]: p for p in state["processes"]}
     assert rows["collector-0"]["restarts"] == 1 and rows["inference-0"]["restarts"] == 0
     log = (run_dir / "logs" / "inference-0.log").read_text()
     assert re.search(r"collector-0 started a new session at request 0 \(the last one ended at request \d+\)", log), log
     # The restarted collector stepped again with answers of its own session.
-    assert (run_dir / "logs" / "collector-0.log").read_text().count("first env step") == 2
+    stepped = [e for e in events.read(run_dir / "logs" / "collector-0.log") if e.name == "first_env_step"]
+    assert [e["process"] for e in stepped] == ["collector-0"] * 2, stepped
     m = state["metrics"]
     assert m["net/dropped"] == 0 and m["collector/stale_answers"] == 0, m
     assert m["collector/torch_loaded"] == 0

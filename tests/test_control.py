@@ -102,5 +102,5 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
     net.close()
     state = wait_for(lambda: read_state(run_dir).get("status") in ("finished", "failed", "stopped")
                      and read_state(run_dir), 60, what="the run to end")
-    assert state["status"] == "finished" and state["exit_reason"].startswith("wall time"), state["exit_reason"]
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "wall_s", state["exit_reason"]
     assert only_run(runs) == run_dir

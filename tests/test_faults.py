@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from conftest import marked_processes, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
+from rlctl import events
 
 pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
@@ -85,6 +85,11 @@ def log_text(run_dir: Path, name: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def resumes(run_dir: Path) -> list[events.Event]:
+    """The learner ranks' `resumed` events, oldest first."""
+    return [e for e in events.read(run_dir / "logs" / "learner-0.log") if e.name == "resumed"]
+
+
 def learning_with_a_checkpoint(run_dir: Path) -> None:
     """Wait until the learner has made some updates and written a checkpoint: the moment for a fault, long before the
     job can be done (it once solved after 1,298 updates, before a wait for 1,500 was over)."""
@@ -95,7 +100,7 @@ def learning_with_a_checkpoint(run_dir: Path) -> None:
 def assert_solved(run_dir: Path) -> dict:
     """The run stopped at its greedy-evaluation target."""
     state = read_state(run_dir)
-    assert state["status"] == "finished" and state["exit_reason"].startswith("eval/return_mean"), state["exit_reason"]
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "eval_return", state["exit_reason"]
     return state
 
 
@@ -112,10 +117,10 @@ def test_a_killed_learner_rank_restarts_from_its_checkpoint_and_the_job_solves(t
     code, _, err = finish(proc)
     assert code == 0, err
     state = assert_solved(run_dir)
-    resumed = re.findall(r"continuing from \S+latest\.pt at update (\d+) .*restart 1\)", log_text(run_dir, "learner-0"))
-    assert resumed and all(int(u) > 0 for u in resumed), log_text(run_dir, "learner-0")[-3000:]
+    resumed = [e for e in resumes(run_dir) if e["path"].endswith("latest.pt") and e["restart"] == 1]
+    assert resumed and all(e["update"] > 0 for e in resumed), log_text(run_dir, "learner-0")[-3000:]
     assert process_row(run_dir, "learner-0")["restarts"] == 1
-    assert state["metrics"]["learner/updates"] > int(resumed[0])
+    assert state["metrics"]["learner/updates"] > resumed[0]["update"]
 
 
 def test_a_killed_torchrun_agent_is_restarted_from_the_checkpoint_and_the_job_solves(tmp_path, mark):
@@ -131,9 +136,9 @@ def test_a_killed_torchrun_agent_is_restarted_from_the_checkpoint_and_the_job_so
     assert code == 0, err
     state = assert_solved(run_dir)
     assert process_row(run_dir, "learner-0")["restarts"] == 1 and process_row(run_dir, "learner-0")["pid"] != agent
-    resumed = re.findall(r"continuing from \S+latest\.pt at update (\d+)", log_text(run_dir, "learner-0"))
-    assert resumed and int(resumed[-1]) > 0, log_text(run_dir, "learner-0")[-3000:]
-    assert state["metrics"]["learner/updates"] > int(resumed[-1])
+    resumed = [e for e in resumes(run_dir) if e["path"].endswith("latest.pt")]
+    assert resumed and resumed[-1]["update"] > 0, log_text(run_dir, "learner-0")[-3000:]
+    assert state["metrics"]["learner/updates"] > resumed[-1]["update"]
 
 
 def test_a_frozen_learner_rank_is_killed_once_and_the_job_solves(tmp_path, mark):
@@ -160,13 +165,13 @@ def test_a_killed_replay_shard_comes_back_with_its_contents_and_the_job_solves(t
     run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
 
     def snapshot_sizes():
-        return [int(n) for n in re.findall(r"snapshot: (\d+) transitions", log_text(run_dir, "replay-0"))]
+        return [e["size"] for e in events.read(run_dir / "logs" / "replay-0.log") if e.name == "snapshot_written"]
     wait_for(lambda: any(n >= 5000 for n in snapshot_sizes()), CAP_S, what="a snapshot of 5000 transitions")
     before = snapshot_sizes()[-1]
     os.killpg(process_row(run_dir, "replay-0")["pid"], signal.SIGKILL)
-    loaded = wait_for(lambda: re.findall(r"loaded snapshot \S+: (\d+) transitions", log_text(run_dir, "replay-0")),
+    loaded = wait_for(lambda: events.first(run_dir / "logs" / "replay-0.log", "snapshot_loaded"),
                       60, what="the restarted shard loading its snapshot")
-    assert int(loaded[0]) >= before
+    assert loaded["size"] >= before
     code, _, err = finish(proc)
     assert code == 0, err
     assert_solved(run_dir)
@@ -191,7 +196,8 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     assert time.time() - killed_at <= 5
     status = json.loads(run_cli(["status", run_dir.name, "--runs-dir", str(runs), "--json"]).stdout)
     assert status["status"] == "lost"
-    assert "supervisor (pid" in log_text(run_dir, "learner-0")  # each process noticed and stopped by itself
+    # Each process noticed and stopped by itself.
+    assert events.first(run_dir / "logs" / "learner-0.log", "exit", reason=events.EXIT_SUPERVISOR_GONE)
 
     out = run_cli(["run", "--resume", run_dir.name, "--job", str(apex_job(tmp_path)), "--runs-dir", str(runs)],
                   env={"RLCTL_TEST_MARK": mark},
@@ -199,8 +205,8 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     assert f"resuming {run_dir.name} (lost)" in out.stderr
     state = assert_solved(run_dir)
     total = state["metrics"]["charts/env_steps"]
-    assert "continuing from" in log_text(run_dir, "learner-0")
-    assert re.search(r"loaded snapshot \S+: \d+ transitions", log_text(run_dir, "replay-0"))
+    assert resumes(run_dir)
+    assert events.first(run_dir / "logs" / "replay-0.log", "snapshot_loaded")
     # It continued: the first weights evaluated after the resume are the killed learner's (its checkpoint, at most a
     # second older: a version near the one at the kill, where a new learner would start from 0), at env steps counted
     # on from the kill. (Steps to solve are no witness: from a greedy 300 to three rounds at 475 Ape-X took anywhere
@@ -240,7 +246,7 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_for_res
                      env={"RLCTL_FAULT": "kill-before-rename:latest.pt:3"})  # the learner's 3rd checkpoint write
     code, _, err = finish(proc)
     run_dir = only_run(runs)
-    assert code == 1 and "learner-0 exited" in read_state(run_dir)["exit_reason"], err
+    assert code == 1 and read_state(run_dir)["failure"]["process"] == "learner-0", err
     ckpts = run_dir / "checkpoints"
     assert list(ckpts.glob(".latest.pt.*.tmp")), "the kill left the half-done write behind"
     kept = load_checkpoint(ckpts / "latest.pt")["updates"]  # the 2nd write: whole, loadable
@@ -249,9 +255,9 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_for_res
     out = run_cli(["run", "--resume", "--runs-dir", str(runs), "--until", f"env_steps={metric(run_dir, 'charts/env_steps') + 20000}"],
                   env={"RLCTL_TEST_MARK": mark}, timeout=CAP_S + 60)
     assert "resuming" in out.stderr
-    assert f"at update {kept} " in log_text(run_dir, "learner-0")
+    assert [e["update"] for e in resumes(run_dir)] == [kept], log_text(run_dir, "learner-0")[-3000:]
     assert not list(ckpts.glob(".latest.pt.*.tmp"))
-    assert read_state(run_dir)["exit_reason"].startswith("charts/env_steps")
+    assert read_state(run_dir)["stopped_by"]["criterion"] == "env_steps"
 
 
 def test_state_json_on_a_full_disk_fails_the_run_cleanly(tmp_path, mark):
@@ -327,10 +333,10 @@ def test_resuming_a_finished_run_with_a_higher_target_continues_tensorboard_s_st
     run_cli(["run", "--resume", "--until", "env_steps=40000", "--runs-dir", str(runs)], env={"RLCTL_TEST_MARK": mark},
             timeout=CAP_S)
     second = read_state(run_dir)
-    assert second["status"] == "finished" and second["exit_reason"].startswith("charts/env_steps")
+    assert second["status"] == "finished" and second["stopped_by"]["criterion"] == "env_steps"
     assert second["metrics"]["charts/env_steps"] >= 40000
     assert second["metrics"]["learner/updates"] > first_updates
-    assert re.search(r"continuing from \S+ at update (\d+)", log_text(run_dir, "learner-0"))
+    assert resumes(run_dir)
 
     files = sorted((run_dir / "tb").glob("events.out.tfevents.*"))
     assert len(files) == 2

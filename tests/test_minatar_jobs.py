@@ -60,6 +60,6 @@ def test_the_breakout_job_reaches_its_target(tmp_path):
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=720)
     state = read_state(only_run(runs))
     assert state["status"] == "finished", state.get("exit_reason")
-    match = re.fullmatch(r"charts/episode_return_mean (-?[\d.]+) >= (-?[\d.]+)", state["exit_reason"])
-    assert match and float(match.group(1)) >= target, state["exit_reason"]
+    by = state["stopped_by"]
+    assert by["criterion"] == "train_return" and by["value"] >= target, state["exit_reason"]
     assert state["metrics"]["charts/episodes"] >= 100

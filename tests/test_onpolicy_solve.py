@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -25,8 +24,8 @@ def _run_to_target(tmp_path, job: str, target: float, **replace: str) -> tuple[d
     run_dir = only_run(runs)
     state = read_state(run_dir)
     assert state["status"] == "finished", state.get("exit_reason")
-    match = re.fullmatch(r"charts/episode_return_mean (-?[\d.]+) >= (-?[\d.]+)", state["exit_reason"])
-    assert match and float(match.group(1)) >= target, state["exit_reason"]
+    by = state["stopped_by"]
+    assert by["criterion"] == "train_return" and by["value"] >= target, state["exit_reason"]
     assert state["metrics"]["charts/episodes"] >= 20
     return state, run_dir
 

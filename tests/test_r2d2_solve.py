@@ -34,8 +34,8 @@ def _run(tmp_path, job) -> tuple[dict, object]:
 
 
 def _solved(state: dict) -> bool:
-    match = re.fullmatch(r"eval/return_mean ([\d.]+) >= 475 \(3 rounds in a row\)", state["exit_reason"])
-    return bool(match) and float(match.group(1)) >= 475
+    by = state["stopped_by"]
+    return by["criterion"] == "eval_return" and by["value"] >= 475  # for eval_rounds = 3 rounds in a row
 
 
 def test_r2d2_solves_masked_cartpole_and_eval_runs_its_recurrent_policy(tmp_path):
@@ -56,7 +56,7 @@ def test_r2d2_solves_masked_cartpole_and_eval_runs_its_recurrent_policy(tmp_path
 def test_r2d2_without_memory_does_not_solve_masked_cartpole_in_the_same_budget(tmp_path):
     state, run_dir = _run(tmp_path, _job(tmp_path, "r2d2-no-memory", memory="none"))
     assert not _solved(state), state["exit_reason"]
-    assert state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    assert state["stopped_by"]["criterion"] == "env_steps", state["exit_reason"]
     evals = [float(x) for x in re.findall(r"return ([\d.]+) \(min", (run_dir / "logs" / "evaluator-0.log").read_text())]
     assert evals and max(evals) < 475, max(evals)
 

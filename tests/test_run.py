@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import group_alive, only_run, pid_alive, read_state, run_cli, small_job, wait_for
+from rlctl import events
 
 
 def _all_gone(state: dict) -> bool:
@@ -45,8 +46,14 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
     assert seen[0] in ("created", "starting")
     assert "running" in seen and seen[-1] == "finished" and seen[seen.index("finished") - 1] == "stopping", seen
     assert not alive_when_finished, "state.json said finished while processes of the run were still stopping"
-    assert state["exit_reason"].startswith("charts/env_steps"), state["exit_reason"]
+    assert state["stopped_by"]["criterion"] == "env_steps" and state["stopped_by"]["value"] >= 20000, state
     assert state["metrics"]["charts/env_steps"] > 0 and state["metrics"]["learner/updates"] > 0
+    # The milestones came as events (rlctl.events), each in its own process's log.
+    logs = run_dir / "logs"
+    assert events.first(logs / "collector-0.log", "first_env_step", process="collector-0")
+    assert events.first(logs / "collector-0.log", "first_batch_sent", process="collector-0")
+    assert events.first(logs / "learner-0.log", "first_update", process="learner-0", update=1)
+    assert not [e for e in events.read(logs / "learner-0.log") if e.name == "resumed"]  # a fresh run
     # Every process has a log with its own output, and the resolved job and plan are there.
     for name in ("replay-0", "learner-0", "collector-0", "evaluator-0"):
         text = (run_dir / "logs" / f"{name}.log").read_text()

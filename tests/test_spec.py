@@ -345,7 +345,7 @@ def _problems(data: dict) -> dict[str, str]:
 
 
 def test_batch_size_limit_is_the_replay_shards():
-    from rlctl.roles.replay import MAX_SAMPLE
+    from rlctl.datapaths.replay import MAX_SAMPLE
 
     assert validate_job(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE})).algorithm.batch_size == MAX_SAMPLE
     assert "algorithm.batch_size" in _problems(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE + 1}))
@@ -773,6 +773,9 @@ def test_eval_stop_needs_the_configured_rounds_in_a_row():
     assert criteria.reached({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0) == \
         "eval/return_mean 500.0 >= 475 (3 rounds in a row)"
     assert criteria.reached({"eval/return_mean": 400.0, "eval/streak": 0}, 0, 1.0) is None
+    # What state.json keeps for code ("stopped_by"): the criterion and its figures, no sentence to parse.
+    assert criteria.met({"eval/return_mean": 500.0, "eval/streak": 3}, 0, 1.0).record() == \
+        {"criterion": "eval_return", "value": 500.0, "threshold": 475.0}
 
 
 def test_env_wrappers_short_and_table_forms_round_trip(tmp_path):

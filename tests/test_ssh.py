@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlctl import wire
+from rlctl import events, wire
 from rlctl.hosts import pull_directory
 from rlctl.remote import remote_checkpoint_dir
 from rlctl.spec import load_job
@@ -107,7 +107,7 @@ def test_ppo_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
     out = run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
     assert "3 remote hosts checked" in out.stderr
     state, run_dir = finished_state(runs)
-    assert float(state["exit_reason"].split()[1]) >= 475
+    assert state["stopped_by"]["criterion"] == "train_return" and state["stopped_by"]["value"] >= 475, state
     plan = json.loads((run_dir / "plan.json").read_text())
     assert all(p["argv"][0] == "ssh" and p["remote"] for p in plan["processes"])
     where = {p["name"]: p["host"] for p in state["processes"]}
@@ -117,7 +117,7 @@ def test_ppo_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
     # Every host's output came back over its session into the local run directory.
     for name in ("learner-0", "collector-0", "collector-1"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0, name
-    assert "first env step" in (run_dir / "logs" / "collector-1.log").read_text()
+    assert events.first(run_dir / "logs" / "collector-1.log", "first_env_step", process="collector-1")
     lines = run_cli(["logs", run_dir.name, "--runs-dir", str(runs)]).stdout
     assert "learner-0" in lines and "collector-1" in lines
     status = json.loads(run_cli(["status", run_dir.name, "--json", "--runs-dir", str(runs)]).stdout)
@@ -141,7 +141,7 @@ def test_apex_spread_over_three_hosts_solves_cartpole(lab, tmp_path):
     runs = tmp_path / "runs"
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
     state, run_dir = finished_state(runs)
-    assert state["exit_reason"].startswith("eval/return_mean") and state["metrics"]["eval/return_mean"] >= 475
+    assert state["stopped_by"]["criterion"] == "eval_return" and state["stopped_by"]["value"] >= 475, state
     assert {p["name"]: p["host"] for p in state["processes"]} == {
         "replay-0": "h1", "learner-0": "h1", "evaluator-0": "h1", "collector-0": "h2", "collector-1": "h3"}
     assert state["metrics"]["replay/size"] > 0
@@ -158,7 +158,7 @@ def test_central_inference_with_collectors_on_another_host_solves_cartpole(lab, 
     runs = tmp_path / "runs"
     run_cli(["run", str(job), "--runs-dir", str(runs)], timeout=CAP_S + 120)
     state, run_dir = finished_state(runs)
-    assert state["exit_reason"].startswith("charts/episode_return_mean"), state["exit_reason"]
+    assert state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
     assert {p["name"]: p["host"] for p in state["processes"]} == {
         "learner-0": "h1", "inference-0": "h1", "collector-0": "h2", "collector-1": "h2"}
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -303,7 +303,8 @@ def test_remote_process_stops_itself_when_the_supervisor_goes_silent(lab, tmp_pa
         os.kill(ssh_pid, signal.SIGCONT)
     wait_for(lambda: (p := next(p for p in read_state(run_dir)["processes"] if p["name"] == "collector-1"))
              ["restarts"] == 1 and p["state"] == "running", 60, what="collector-1 restarted")
-    assert "no word from the supervisor for 3s" in (run_dir / "logs" / "collector-1.log").read_text()
+    silent = events.first(run_dir / "logs" / "collector-1.log", "exit", reason=events.EXIT_SUPERVISOR_SILENT)
+    assert silent and "for 3s" in silent["detail"], silent
     run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
     assert run_processes_anywhere(run_id) == []
 

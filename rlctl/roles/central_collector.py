@@ -17,6 +17,7 @@ import time
 import numpy as np
 import zmq
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.envs import SpaceInfo, env_space_info, make_vec_env
@@ -133,7 +134,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, info: SpaceInfo, client: Inf
         if actions is None:
             break
         if first:  # start-up is measured up to this line (bench/solve_cartpole.py)
-            print(f"{rc.name}: first env step (weights version {client.version})", flush=True)
+            events.emit("first_env_step", process=rc.name, version=int(client.version))
             first = False
         obs, rew, terminated, truncated, _ = env.step(actions)
         reward = np.array(rew, dtype=np.float32)  # a copy: the tracker keeps it until the next report

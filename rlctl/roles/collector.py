@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos import build_model
@@ -83,7 +84,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
         version = weights.version
         if first:
             # Start-up is measured up to this line (bench/solve_cartpole.py).
-            print(f"{rc.name}: first env step (weights version {version})", flush=True)
+            events.emit("first_env_step", process=rc.name, version=int(version))
             first = False
         while True:
             actions = actor.act(obs)
@@ -100,7 +101,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
         if not sent:
             break
         if sender.sent == block.arrays["reward"].size:  # bench/faults.py times a restart up to this line
-            print(f"{rc.name}: first batch sent ({sender.sent} transitions)", flush=True)
+            events.emit("first_batch_sent", process=rc.name, transitions=int(sender.sent))
 
 
 if __name__ == "__main__":

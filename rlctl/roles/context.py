@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.rundir import pid_alive
@@ -165,8 +166,9 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
             except OSError:
                 pass
         now = time.time()
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} "
-              f"supervisor (pid {pid}) is gone: stopping", flush=True)
+        why = f"supervisor (pid {pid}) is gone: stopping"
+        gone = events.line("exit", reason=events.EXIT_SUPERVISOR_GONE, detail=why)
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} {gone}", flush=True)
         on_gone()
         time.sleep(grace_s)
         os._exit(3)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import zmq
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos.base import LearnerCore, LearnerSetup
@@ -145,8 +146,8 @@ class LearnerShell:
                 torch.set_rng_state(payload["rng"])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{payload.get('path')}: does not fit this job's learner: {exc}") from None
-        print(f"{self.rc.name}: continuing from {payload.get('path')} at update {self.updates} (version "
-              f"{self.version}; restart {self.restarts})", flush=True)
+        events.emit("resumed", process=self.rc.name, path=str(payload.get("path")), update=self.updates,
+                    version=self.version, restart=self.restarts)
 
     # -- the loop ------------------------------------------------------------
     def gather(self) -> dict | None:
@@ -202,7 +203,7 @@ class LearnerShell:
             wait_s += time.monotonic() - t0
             result = core.update(batch)
             if self.updates == self.restored_updates:  # the first since start: bench/faults.py times restarts to here
-                print(f"{rc.name}: first update ({self.updates + 1}) since start", flush=True)
+                events.emit("first_update", process=rc.name, update=self.updates + 1)
             self.source.feedback(batch, result)
             self.updates += 1
             samples += result.samples

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
@@ -65,8 +66,8 @@ class ReplayShard:
         # The rate limit goes on from its balance point: samples owed for the inserts so far count as made.
         spi = self.replay_spec.samples_per_insert
         self.sampled = int(max(0, buffer.inserted - self.replay_spec.min_size) * spi)
-        print(f"{self.rc.name}: loaded snapshot {self.snapshot_path}: {buffer.size} transitions (inserted "
-              f"{buffer.inserted}) in {time.monotonic() - started:.2f}s", flush=True)
+        events.emit("snapshot_loaded", process=self.rc.name, path=str(self.snapshot_path), size=int(buffer.size),
+                    inserted=int(buffer.inserted), seconds=round(time.monotonic() - started, 3))
 
     def describe_memory(self) -> None:
         """One log line: what a transition costs in memory, and in all."""
@@ -83,8 +84,8 @@ class ReplayShard:
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
         save_snapshot(self.buffer, self.snapshot_path)
         self.snapshot_at = self.buffer.inserted
-        print(f"{self.rc.name}: snapshot: {self.buffer.size} transitions (inserted {self.buffer.inserted}) in "
-              f"{time.monotonic() - started:.2f}s", flush=True)
+        events.emit("snapshot_written", process=self.rc.name, size=int(self.buffer.size),
+                    inserted=int(self.buffer.inserted), seconds=round(time.monotonic() - started, 3))
 
     def accepting(self) -> bool:
         """Rate limit: read experience only while inserts stay within samples / samples_per_insert."""
@@ -92,6 +93,25 @@ class ReplayShard:
         if spi <= 0 or self.buffer is None:
             return True
         return self.buffer.inserted <= self.replay_spec.min_size + self.sampled / spi
+
+    def take_experience(self, sock: zmq.Socket, admission: wire.Admission) -> None:
+        """Insert the collector batches waiting on the experience socket: at most 64, and only while the rate limit
+        accepts them, so sample requests are never starved."""
+        for count, (_, msg) in enumerate(wire.receive_waiting(sock, admission=admission), 1):
+            if msg is None:
+                self.dropped += 1
+            else:
+                self.on_experience(msg)
+            if count >= 64 or not self.accepting():
+                break
+
+    def take_requests(self, sock: zmq.Socket, admission: wire.Admission) -> None:
+        """Take every learner request waiting on the sample socket."""
+        for identity, msg in wire.receive_waiting(sock, routed=True, admission=admission):
+            if msg is None:
+                self.dropped += 1
+            else:
+                self.on_request(identity, msg)
 
     def on_experience(self, msg: wire.Message) -> None:
         """Insert one collector batch; dropped and counted unless it is exactly the job's item layout (from the env
@@ -180,21 +200,11 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         p.register(smp_sock, zmq.POLLIN)
     poller_all.register(exp_sock, zmq.POLLIN)
     while not stop:
-        events = dict((poller_all if shard.accepting() else poller_smp).poll(100))
-        if exp_sock in events:
-            for count, (_, msg) in enumerate(wire.receive_waiting(exp_sock, admission=pushers), 1):
-                if msg is None:
-                    shard.dropped += 1
-                else:
-                    shard.on_experience(msg)
-                if count >= 64 or not shard.accepting():  # bounded, so sample requests are never starved
-                    break
-        if smp_sock in events:
-            for identity, msg in wire.receive_waiting(smp_sock, routed=True, admission=samplers):
-                if msg is None:
-                    shard.dropped += 1
-                else:
-                    shard.on_request(identity, msg)
+        polled = dict((poller_all if shard.accepting() else poller_smp).poll(100))
+        if exp_sock in polled:
+            shard.take_experience(exp_sock, pushers)
+        if smp_sock in polled:
+            shard.take_requests(smp_sock, samplers)
         shard.serve(smp_sock)
         now = time.monotonic()
         if control.due(now):
