@@ -72,6 +72,7 @@ def test_the_control_parser_raises_nothing_but_its_own_error(kind, sender, meta)
         assert isinstance(value, str) or math.isfinite(value)
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_path):
     """Each malformed heartbeat once crashed the supervisor (and then nothing was stopped); it now drops and counts
     them, and neither a forged infinite evaluator return nor a finite one sent with another process's key (a

@@ -124,6 +124,7 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     assert len(tail) == 2 and all("learner-0 |" in line for line in tail), tail
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_killed_collector_and_replay_shard_are_restarted_until_their_restarts_run_out(tmp_path):
     job = small_job(tmp_path, name="faults", stop="wall_s = 300", max_restarts=1)
     runs = tmp_path / "runs"
@@ -171,6 +172,7 @@ def test_bad_job_file_starts_nothing(tmp_path):
     assert not runs.exists() or not any(runs.iterdir())
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_killed_supervisor_shows_lost_and_stop_ends_its_processes(tmp_path):
     job = small_job(tmp_path, name="orphans", stop="wall_s = 300")
     runs = tmp_path / "runs"
@@ -213,6 +215,7 @@ def _thread_policies(pid: int) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(tmp_path):
     """`topology.learner_cores = "dedicated"`: every thread of the learner rank (ZeroMQ's I/O threads too) on a core
     of its own; the collectors and the evaluator on the cores left. Collectors run every thread under SCHED_BATCH

@@ -487,6 +487,7 @@ def test_run_files_are_written_private_and_whole_whatever_the_umask(tmp_path):
     assert run.read_secrets() == {"h": {"TOKEN": "s3cret"}}
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_commands_that_rewrite_a_run_take_its_lock_in_turn(tmp_path):
     """Issue 28 (9): two `--resume` calls could both pass the liveness check (the loser wrote `failed` into the live
     run). A command that rewrites a run's files holds the run's lock: a second one waits for it, and gives up with

@@ -99,6 +99,7 @@ finally:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(b) for b in ("ss", "ip", "unshare")),
                     reason="needs root, iproute2 and util-linux (namespaces)")
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_an_all_local_job_listens_on_loopback_even_where_the_host_name_does_not(tmp_path):
     """Issue 28 (8): with the host name resolving to a routable address, gloo's listeners of a two-rank learner
     stay on loopback like every other socket of an all-local job."""
@@ -151,6 +152,7 @@ def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path, recor
             p.wait()
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_a_host_secret_appears_in_no_command_line_file_or_checkpoint(tmp_path):
     """A token in hosts[].env reaches the processes' environment, and nothing else: no /proc/*/cmdline, plan.json,
     job.toml, `rlctl plan`, TensorBoard event file or checkpoint holds it."""

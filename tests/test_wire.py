@@ -193,6 +193,7 @@ def _ppo_learner(tmp_path, ranks: int):
         net.close()
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(tmp_path):
     metrics: dict = {}
     identity: list = []
@@ -255,6 +256,7 @@ def test_rollout_learner_counts_stale_and_malformed_rollouts_and_keeps_running(t
     assert all(torch.isfinite(t).all() for t in weights.values()), "the NaN rollout reached the weights"
 
 
+@pytest.mark.slow  # end to end with real processes: the slow tier
 def test_two_rank_learner_keeps_publishing_weights_for_a_collector_that_subscribes_late(tmp_path):
     # Rank 0 gets its collector's rollout at once and waits in the ranks' stop agreement for rank 1, whose collector
     # subscribed after every publication so far: rank 0 must keep re-publishing or both ranks wait forever.

@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from rlctl import events
 from rlctl import metric_names as M
 from rlctl import wire
-from rlctl.algos.base import LearnerCore, LearnerSetup
+from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
@@ -68,6 +69,25 @@ def build_core(job, info, device: torch.device, rank: int = 0, world: int = 1) -
         return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
 
     return job.algorithm_entry.load("learner")(LearnerSetup(job, info, device, rank, world, distribute))
+
+
+@dataclass
+class ReportWindow:
+    """The updates between two heartbeats: when it began, the update count then, and what they summed."""
+
+    started: float
+    first_update: int
+    updates: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    totals: dict = field(default_factory=dict)
+
+    def add(self, result: UpdateResult) -> None:
+        """Count one update; its statistics summed as they come (tensors too: converted once per heartbeat)."""
+        self.updates += 1
+        self.samples += result.samples
+        for k, v in result.stats.items():
+            self.totals[k] = self.totals[k] + v if k in self.totals else v
 
 
 class LearnerShell:
@@ -185,64 +205,71 @@ class LearnerShell:
 
     def run(self) -> None:
         """Update until the stop; then a last checkpoint and the final heartbeat."""
-        rc, control, core = self.rc, self.control, self.core
         self.publish()
-        print(f"{rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
+        print(f"{self.rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
               f"({self.threads} torch thread{'s' if self.threads > 1 else ''}), "
               f"{sum(p.numel() for p in self.model.parameters())} parameters", flush=True)
         next_ckpt = time.monotonic() + self.job.logging.checkpoint_interval_s
-        totals: dict = {}
-        last_t, last_updates, samples, n, wait_s = time.monotonic(), self.updates, 0, 0, 0.0
+        window = ReportWindow(time.monotonic(), self.updates)
         while True:
-            if self.updates % STOP_CHECK_EVERY == 0 and control.stop_requested():
+            if self.updates % STOP_CHECK_EVERY == 0 and self.control.stop_requested():
                 self.stop.requested = True
             t0 = time.monotonic()
             batch = None if self.stop else self.gather()
             if self.agree_to_stop(batch is None):
                 break
-            wait_s += time.monotonic() - t0
-            result = core.update(batch)
-            if self.updates == self.restored_updates:  # the first since start: bench/faults.py times restarts to here
-                events.emit("first_update", process=rc.name, update=self.updates + 1)
-            self.source.feedback(batch, result)
-            self.updates += 1
-            samples += result.samples
-            n += 1
-            for k, v in result.stats.items():  # summed as they come (tensors too): converted once per heartbeat
-                totals[k] = totals[k] + v if k in totals else v
-            if self.updates % core.publish_interval == 0:
-                self.version = self.updates
-                self.publish()
-            if self.world > 1:
-                self.chain = hashlib.sha256((self.chain + parameter_digest(self.model)).encode()).hexdigest()
+            window.wait_s += time.monotonic() - t0
+            self.step(batch, window)
             now = time.monotonic()
             if self.rank == 0 and now >= next_ckpt:
                 self.checkpoint()
                 next_ckpt = now + self.job.logging.checkpoint_interval_s
-            if control.due(now):
-                dt = max(now - last_t, 1e-9)
-                stats = {k: float(v) / n for k, v in totals.items()}
-                why = divergence(stats)
-                if why and not self.diverging:
-                    print(f"{rc.name}: diverging after {self.updates} updates: {why}", flush=True)
-                self.diverging = why is not None
-                control.heartbeat({
-                    "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
-                    M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0, M.LEARNER_RESTARTS: self.restarts,
-                    M.NONFINITE_UPDATES: core.nonfinite_steps,
-                    M.UPDATES_PER_S: (self.updates - last_updates) / dt,
-                    M.SAMPLES_PER_S: samples * self.world / dt, M.DATA_WAIT_FRAC: wait_s / dt,
-                    **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})
-                totals, last_t, last_updates, samples, n, wait_s = {}, now, self.updates, 0, 0, 0.0
+            if self.control.due(now):
+                self.report(window, now)
+                window = ReportWindow(now, self.updates)
+        self.finish()
+
+    def step(self, batch: dict, window: "ReportWindow") -> None:
+        """One update of the core on `batch`: feedback to the data path, counters, publication, digest chain."""
+        result = self.core.update(batch)
+        if self.updates == self.restored_updates:  # the first since start: bench/faults.py times restarts to here
+            events.emit("first_update", process=self.rc.name, update=self.updates + 1)
+        self.source.feedback(batch, result)
+        self.updates += 1
+        window.add(result)
+        if self.updates % self.core.publish_interval == 0:
+            self.version = self.updates
+            self.publish()
+        if self.world > 1:
+            self.chain = hashlib.sha256((self.chain + parameter_digest(self.model)).encode()).hexdigest()
+
+    def report(self, window: "ReportWindow", now: float) -> None:
+        """The heartbeat of the updates since the last one: mean statistics, rates, the divergence guard's verdict."""
+        dt = max(now - window.started, 1e-9)
+        stats = {k: float(v) / window.updates for k, v in window.totals.items()}
+        why = divergence(stats)
+        if why and not self.diverging:
+            print(f"{self.rc.name}: diverging after {self.updates} updates: {why}", flush=True)
+        self.diverging = why is not None
+        self.control.heartbeat({
+            "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
+            M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0, M.LEARNER_RESTARTS: self.restarts,
+            M.NONFINITE_UPDATES: self.core.nonfinite_steps,
+            M.UPDATES_PER_S: (self.updates - window.first_update) / dt,
+            M.SAMPLES_PER_S: window.samples * self.world / dt, M.DATA_WAIT_FRAC: window.wait_s / dt,
+            **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})
+
+    def finish(self) -> None:
+        """After the stop: the last version published and checkpointed (rank 0), and the final heartbeat."""
         self.version = self.updates
         if self.rank == 0:
             self.checkpoint()
             self.publish()
         digest = parameter_digest(self.model)
-        control.send("heartbeat", {"pid": os.getpid(), "rank": self.rank, "metrics": {
+        self.control.send("heartbeat", {"pid": os.getpid(), "rank": self.rank, "metrics": {
             "rank": self.rank, M.UPDATES: self.updates, M.VERSION: self.version, M.PARAM_DIGEST: digest,
             M.DIGEST_CHAIN: self.chain, M.FINAL: 1, **self.source.metrics()}})
-        print(f"{rc.name}: stopped after {self.updates} updates (version {self.version}); parameter digest "
+        print(f"{self.rc.name}: stopped after {self.updates} updates (version {self.version}); parameter digest "
               f"{digest[:16]}", flush=True)
 
     def close(self) -> None:

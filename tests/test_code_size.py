@@ -1,0 +1,40 @@
+"""Small parts: no class in rlctl/ over 250 lines and no function over 60, unless the line above its definition
+says why (`# long: <reason>`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "rlctl"
+LIMITS = {ast.ClassDef: 250, ast.FunctionDef: 60, ast.AsyncFunctionDef: 60}
+
+
+def oversized(source: str) -> list[tuple[int, str, int]]:
+    """(line, name, length) of every class or function in `source` past its limit without a `# long:` reason on the
+    line above its definition (its first decorator's, if decorated)."""
+    lines = source.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        limit = LIMITS.get(type(node))
+        if limit is None:
+            continue
+        length = node.end_lineno - node.lineno + 1
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        excused = first >= 2 and lines[first - 2].strip().startswith("# long:")
+        if length > limit and not excused:
+            out.append((node.lineno, node.name, length))
+    return out
+
+
+def test_the_size_rule_finds_long_parts_and_honours_a_reason():
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    assert oversized(f"def f():\n{body}\n") == [(1, "f", 61)]
+    assert oversized(f"# long: one table, read top to bottom\ndef f():\n{body}\n") == []
+    assert oversized(f"def f():\n{body[:-len('    x59 = 59')].rstrip()}\n") == []
+
+
+def test_no_class_over_250_lines_and_no_function_over_60_in_rlctl():
+    offenders = [f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
+                 for path in sorted(ROOT.rglob("*.py")) for line, name, length in oversized(path.read_text())]
+    assert not offenders, "split these (or say why above the definition: # long: <reason>):\n" + "\n".join(offenders)
