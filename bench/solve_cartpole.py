@@ -5,9 +5,10 @@ start-up included). Off-policy jobs are judged on a 10-episode greedy evaluation
 exploration), on-policy ones on the mean of the last 20 training episodes. Median of --seeds seeds each.
 
     python bench/solve_cartpole.py [--seeds 3] [--cap 300]
-        [--only ppo,appo,impala,apex,r2d2,r2d2_plain,seed_impala,seed_apex,seed_r2d2,sb3_ppo,sb3_dqn]
+        [--only ppo,appo,impala,apex,a2c,r2d2,r2d2_plain,seed_impala,seed_apex,seed_r2d2,sb3_ppo,sb3_dqn]
 
-Targets: ppo and appo <= 0.5x sb3 PPO's wall time, impala <= 1x, apex <= 1.5x and faster than sb3 DQN. `r2d2` is
+Targets: ppo and appo <= 0.5x sb3 PPO's wall time, impala <= 1x, apex <= 1.5x and faster than sb3 DQN; a2c
+(jobs/a2c.toml), no target. `r2d2` is
 jobs/r2d2.toml, on CartPole with its velocities hidden (a harder, partially observed task; no target), and
 `r2d2_plain` the same job on plain CartPole-v1. `seed_impala`, `seed_apex` and `seed_r2d2` are the shipped SEED jobs
 (jobs/seed-*.toml: central inference; seed_r2d2 on masked CartPole), no target.
@@ -34,7 +35,7 @@ import _children as children  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RETURN_TARGETS = ("eval_return", "train_return")  # state.json's stopped_by criteria that mean solved
-ROWS = ("ppo", "appo", "impala", "apex", "r2d2", "r2d2_plain", "seed_impala", "seed_apex", "seed_r2d2", "sb3_ppo",
+ROWS = ("ppo", "appo", "impala", "apex", "a2c", "r2d2", "r2d2_plain", "seed_impala", "seed_apex", "seed_r2d2", "sb3_ppo",
         "sb3_dqn")
 
 # rl-zoo3 hyperparams/ppo.yml and dqn.yml, CartPole-v1 entries.

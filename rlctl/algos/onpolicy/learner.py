@@ -175,8 +175,8 @@ class APPOLearner(PPOLearner):
         return adv, returns, values[:T]
 
 
-class IMPALALearner(RolloutCore):
-    """IMPALA: one actor-critic step on V-trace targets from the behaviour log-probs; RMSProp (or Adam)."""
+class ActorCriticCore(RolloutCore):
+    """One actor-critic step per batch (IMPALA, A2C): RMSProp (as their papers) or Adam, per `algo.optimizer`."""
 
     def _optimizer(self) -> torch.optim.Optimizer:
         algo = self.algo
@@ -185,14 +185,24 @@ class IMPALALearner(RolloutCore):
                                    eps=algo.adam_eps)
         return super()._optimizer()
 
-    def loss(self, r: dict[str, torch.Tensor], report: bool) -> Loss:
-        """The actor-critic loss on V-trace targets, over the whole batch."""
-        algo = self.algo
-        rewards = r["reward"] * algo.reward_scale
+    def _evaluate(self, r: dict[str, torch.Tensor]):
+        """(scaled rewards, log-probs and entropies of the taken actions [T, B], values [T+1, B]) through the
+        training forward (the bootstrap row's value without grad)."""
+        rewards = r["reward"] * self.algo.reward_scale
         T, B = rewards.shape
         head, values = self._forward_all(r["obs"])
         logp, entropy = self.model.log_prob_entropy(head.reshape(T * B, -1), r["action"].reshape(T * B, -1))
-        logp, entropy = logp.reshape(T, B), entropy.reshape(T, B)
+        return rewards, logp.reshape(T, B), entropy.reshape(T, B), values
+
+
+class IMPALALearner(ActorCriticCore):
+    """IMPALA: one actor-critic step on V-trace targets from the behaviour log-probs."""
+
+    def loss(self, r: dict[str, torch.Tensor], report: bool) -> Loss:
+        """The actor-critic loss on V-trace targets, over the whole batch."""
+        algo = self.algo
+        rewards, logp, entropy, values = self._evaluate(r)
+        T = rewards.shape[0]
         with torch.no_grad():
             vs, pg_adv = vtrace(r["logp"], logp.detach(), rewards, values.detach(), r["terminated"], r["done"],
                                 r["valid"], algo.gamma, algo.rho_bar, algo.c_bar)
