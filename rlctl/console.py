@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl import bottleneck
 from rlctl import metric_names as M
-from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
+from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, status_of
+from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from rich.console import Console, RenderableType
@@ -27,18 +28,18 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 _consoles: dict[bool, "Console"] = {}
 
 STATUS_STYLES = {
-    "created": "cyan",
+    RunStatus.CREATED: "cyan",
     "queued": "cyan",
-    "starting": "cyan",
-    "running": "green",
+    RunStatus.STARTING: "cyan",
+    RunStatus.RUNNING: "green",
     "restarting": "yellow",
-    "stopping": "yellow",
-    "finished": "bold green",
+    RunStatus.STOPPING: "yellow",
+    RunStatus.FINISHED: "bold green",
     "exited": "dim",
-    "stopped": "yellow",
-    "failed": "bold red",
-    "lost": "magenta",
-    "unknown": "dim",
+    RunStatus.STOPPED: "yellow",
+    RunStatus.FAILED: "bold red",
+    RunStatus.LOST: "magenta",
+    RunStatus.UNKNOWN: "dim",
 }
 # Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
 ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
@@ -130,7 +131,7 @@ def _elapsed(state: dict, now: float | None = None) -> float | None:
     if start is None:
         return None
     end = _num(state.get("ended_at"))
-    if end is None and status_of(state) in TERMINAL_STATES | {"lost"}:
+    if end is None and status_of(state) in OVER_STATES:
         end = _num(state.get("updated_at"))  # last sign of life of a run that is over
     if end is None:
         end = time.time() if now is None else now
@@ -213,7 +214,7 @@ def _run_row(rundir: RunDir) -> list:
         rundir.run_id,
         state.get("job") or _job_from_run_id(rundir.run_id),
         state.get("algorithm") or "-",
-        _styled(rundir.effective_status(state) if state else "unknown"),
+        _styled(rundir.effective_status(state) if state else RunStatus.UNKNOWN),
         _local_time(state.get("started_at")),
         format_duration(_elapsed(state)),
         format_rate(_num(metrics.get(M.ENV_STEPS))),
@@ -235,7 +236,7 @@ def runs_json(runs: list[RunDir]) -> list[dict]:
             "run_id": rundir.run_id,
             "job": state.get("job") or _job_from_run_id(rundir.run_id),
             "algorithm": state.get("algorithm"),
-            "status": rundir.effective_status(state) if state else "unknown",
+            "status": rundir.effective_status(state) if state else RunStatus.UNKNOWN,
             "exit_reason": state.get("exit_reason"),
             "started_at": _num(state.get("started_at")),
             "elapsed_s": _elapsed(state),
@@ -264,7 +265,7 @@ def _process_row(proc: dict, now: float) -> list:
         proc.get("rank"),
         proc.get("host") or "-",
         proc.get("pid"),
-        _styled(str(proc.get("state") or "unknown")),
+        _styled(str(proc.get("state") or RunStatus.UNKNOWN)),
         proc.get("restarts"),
         f"{format_rate(rate)} {unit}".strip() if rate is not None else "-",
         f"{format_duration(now - heartbeat)} ago" if heartbeat is not None else "-",
@@ -315,7 +316,7 @@ def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
     out = []
     for r in rows:
         st = str(r.get("state", "-"))
-        style = "bold red" if st == "lost" else ("green" if st == "ok" else "yellow")
+        style = "bold red" if st == RunStatus.LOST else ("green" if st == "ok" else "yellow")
         where = r.get("via") if r.get("via") in ("local", "ssh", "slurm") else "ssh" if r.get("remote") else "local"
         out.append([r.get("name"), where, Text(st, style=style),
                     f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0)])
@@ -341,7 +342,7 @@ def header_lines(state: dict, now: float | None = None) -> list[str]:
     inference = _inference_figures(metrics)
     if inference:
         lines.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
-    verdict = bottleneck.verdict(metrics) if status_of(state) == "running" else None
+    verdict = bottleneck.verdict(metrics) if status_of(state) == RunStatus.RUNNING else None
     if verdict:
         lines.append(verdict)
     diverging = divergence_text(metrics)
@@ -540,7 +541,7 @@ def progress_printer(interval_s: float = 5.0):
 
     def show(state: dict) -> None:
         now = time.time()
-        if now - last[0] >= interval_s or state.get("status") in ("finished", "stopped", "failed"):
+        if now - last[0] >= interval_s or state.get("status") in TERMINAL_STATES:
             last[0] = now
             print(progress_line(state), flush=True)
 
@@ -568,12 +569,12 @@ def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     out = {}
     for rd, job, s in zip(runs, jobs, states):
         m = _metrics(s)
-        reached = (s.get("status") == "finished" and bool(s.get("exit_reason"))
+        reached = (s.get("status") == RunStatus.FINISHED and bool(s.get("exit_reason"))
                    and not str(s["exit_reason"]).startswith("wall time"))
         steps = _num(m.get(M.ENV_STEPS))
         out[rd.run_id] = {
             "job": {k: job.get(k) for k in differ},
-            "status": rd.effective_status(s) if s else "unknown", "exit_reason": s.get("exit_reason"),
+            "status": rd.effective_status(s) if s else RunStatus.UNKNOWN, "exit_reason": s.get("exit_reason"),
             "time_to_target_s": _elapsed(s) if reached else None,
             "env_steps_to_target": int(steps) if reached and steps is not None else None,
             "elapsed_s": _elapsed(s), "env_steps": int(steps) if steps is not None else None,

@@ -21,6 +21,7 @@ from typing import Callable
 from rlctl.plan import LaunchPlan, choose_base_port, job_warnings, local_python, machine_warnings, make_plan
 from rlctl.rundir import RunDir, RunLock, new_run_id, runs_root
 from rlctl.spec import JobSpec, dumps_toml, host_secrets, load_job, resolved_dict
+from rlctl.run_status import RunStatus
 
 
 class LaunchRefused(Exception):
@@ -152,7 +153,7 @@ def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | 
     rundir.write_plan(plan.to_json())
     slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
-                        "status": "created", "started_at": time.time(), "processes": [], "metrics": {},
+                        "status": RunStatus.CREATED, "started_at": time.time(), "processes": [], "metrics": {},
                         "hosts": [h["name"] for h in plan.hosts], **({"resumed": resumed} if resumed else {}),
                         **({"slurm_job_id": slurm_job} if slurm_job else {})})
 

@@ -28,6 +28,7 @@ from rlctl.run_state import RunEnd
 from rlctl.rundir import group_alive, process_start_time
 from rlctl.slurm import job_nodes
 from rlctl.spec import JobSpec
+from rlctl.run_status import RunStatus
 
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
 LOG_TAIL_LINES = 20
@@ -224,7 +225,7 @@ class ProcessTable:
         if self.slurm_job is not None and h.spec.remote:
             nodes = job_nodes(self.slurm_job)
             if nodes is None:
-                return RunEnd("stopped", f"Slurm job {self.slurm_job} ended (scancel, its time limit or a failed node)")
+                return RunEnd(RunStatus.STOPPED, f"Slurm job {self.slurm_job} ended (scancel, its time limit or a failed node)")
             if h.spec.host not in nodes:
                 return self._node_lost(h, nodes)
         now = time.time()
@@ -239,7 +240,7 @@ class ProcessTable:
             return None
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
-        return RunEnd("failed", f"{h.spec.name} exited with code {code} ({why})", h.failure_record())
+        return RunEnd(RunStatus.FAILED, f"{h.spec.name} exited with code {code} ({why})", h.failure_record())
 
     def _node_lost(self, h: ProcessHandle, nodes: list[str]) -> RunEnd | None:
         """`h`'s node left the Slurm job: a collector starts again on the node with the fewest processes; any other
@@ -250,7 +251,7 @@ class ProcessTable:
         if h.spec.role != "collector":
             failure = h.failure_record()
             h.life.lose()
-            return RunEnd("failed", f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}", failure)
+            return RunEnd(RunStatus.FAILED, f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}", failure)
         load = {n: sum(o.spec.host == n and o.life.state is not ProcState.LOST for o in self.handles) for n in nodes}
         target = min((host for host in self.spec.hosts if host.name in load), key=lambda x: (x.learner, load[x.name]))
         old = h.spec.host
@@ -311,7 +312,7 @@ class ProcessTable:
         """A log that can no longer be written (a full disk) ends the run: nothing of a run may go unrecorded."""
         for h in self.handles:
             if h.pump is not None and h.pump.error is not None:
-                return RunEnd("failed", f"cannot write {h.spec.name}'s log: {h.pump.error}",
+                return RunEnd(RunStatus.FAILED, f"cannot write {h.spec.name}'s log: {h.pump.error}",
                               {"process": "supervisor", "error": str(h.pump.error)})
         return None
 

@@ -53,7 +53,7 @@ class ProcState(enum.Enum):
     def shown(self) -> str:
         """The state as state.json and `rlctl status` name it: a hung process runs until the kill takes, and a
         learner whose ranks torchrun restarts keeps its agent running."""
-        return "running" if self in (ProcState.HUNG, ProcState.RANKS_RESTARTING) else self.value
+        return ProcState.RUNNING.value if self in (ProcState.HUNG, ProcState.RANKS_RESTARTING) else self.value
 
 
 class Event(enum.Enum):

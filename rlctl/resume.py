@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlctl.rundir import RunBusy, RunDir, RunLock, group_alive, resolve_run, runs_root, status_of
+from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, group_alive, resolve_run, runs_root, status_of
 from rlctl.spec import JobSpec, host_secrets, load_job, resolved_dict, validate_job, with_host_secrets
 
 # What a resumed run may change: its stop criteria, how many of each process run, and where.
@@ -83,7 +83,7 @@ def previous_segment(rundir: RunDir) -> dict:
     if state is None:
         raise ResumeRefused(f"{rundir.run_id} has no readable state.json")
     status = status_of(state)
-    if status not in ("finished", "stopped", "failed", "lost"):
+    if status not in OVER_STATES:
         raise ResumeRefused(f"{rundir.run_id} is {status} (supervisor pid {state.get('supervisor_pid')}); "
                             f"stop it first: rlctl stop {rundir.run_id}")
     alive = [p.get("name") for p in state.get("processes", [])

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 from rlctl import metric_names as M
 from rlctl.restart_policy import SSH_FAILED, ProcState
 from rlctl.rundir import RunDir, process_start_time
+from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:
     from rlctl.metrics_sink import MetricsSink
@@ -57,14 +58,14 @@ def process_row(h: ProcessHandle) -> dict:
 
 def host_state(host: dict, mine: list[ProcessHandle], lost_nodes: set[str]) -> str:
     """ok, lost, stopped, or k/n up."""
-    running = sum(h.life.state.shown == "running" for h in mine)
+    running = sum(h.life.state.shown == ProcState.RUNNING.value for h in mine)
     if host["name"] in lost_nodes or (
             not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine)):
-        return "lost"
+        return RunStatus.LOST
     if running == len(mine):
         return "ok"
     if all(h.life.state is ProcState.STOPPED for h in mine):
-        return "stopped"
+        return RunStatus.STOPPED
     return f"{running}/{len(mine)} up"
 
 
@@ -75,7 +76,7 @@ class RunState:
                  resumed: dict | None = None, display: Callable[[dict], None] | None = None):
         self.spec, self.plan, self.rundir, self.table, self.sink = spec, plan, rundir, table, sink
         self.display = display  # callable(state) for the live table / progress line, or None
-        self.status = "created"
+        self.status = RunStatus.CREATED
         self.exit_reason: str | None = None  # for people; code reads stopped_by and failure
         self.stopped_by: dict | None = None  # the [job.stop] criterion met (StopProgress.record)
         self.failure: dict | None = None
@@ -97,8 +98,8 @@ class RunState:
     def fail_self(self, exc: BaseException) -> None:
         """Record a fault of the supervisor's own (a full disk, a bug) as the run's failure, once."""
         traceback.print_exception(exc, file=sys.stderr)
-        if self.status != "failed":
-            self.status = "failed"
+        if self.status != RunStatus.FAILED:
+            self.status = RunStatus.FAILED
             self.exit_reason = f"supervisor error: {type(exc).__name__}: {exc}"
             self.failure = {"process": "supervisor", "error": f"{type(exc).__name__}: {exc}"}
 
@@ -126,7 +127,7 @@ class RunState:
             mine = [h for h in self.table.handles if h.spec.host == host["name"]]
             rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"),
                          "state": host_state(host, mine, self.table.lost_nodes), "processes": len(mine),
-                         "running": sum(h.life.state.shown == "running" for h in mine),
+                         "running": sum(h.life.state.shown == ProcState.RUNNING.value for h in mine),
                          "restarts": sum(h.life.restarts for h in mine),
                          "lost_sessions": sum(h.lost_sessions for h in mine),
                          "cleanup": self.remote_cleanup.get(host["name"])})
@@ -155,5 +156,5 @@ class RunState:
                 print(f"rlctl: could not write {self.rundir.state_json}: {again}", file=sys.stderr)
         if self.display is not None:
             self.display(state)
-        if self.status == "failed" and self.failure and self.failure.get("process") == "supervisor":
+        if self.status == RunStatus.FAILED and self.failure and self.failure.get("process") == "supervisor":
             print(f"rlctl: run {self.plan.run_id} failed: {self.exit_reason}", file=sys.stderr)

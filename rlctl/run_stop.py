@@ -12,9 +12,9 @@ import sys
 import time
 
 from rlctl.remote_cleanup import confirm_remote_hosts
-from rlctl.rundir import (TERMINAL_STATES, RunDir, group_alive, pid_alive, remove_weight_board, same_process)
+from rlctl.rundir import (OVER_STATES, TERMINAL_STATES, RunDir, group_alive, pid_alive, remove_weight_board, same_process)
+from rlctl.run_status import RunStatus
 
-OVER = TERMINAL_STATES | {"lost"}
 
 
 def stop_run(rd: RunDir, timeout: float) -> bool:
@@ -31,7 +31,7 @@ def stop_run(rd: RunDir, timeout: float) -> bool:
         if supervised_by_batch_job(state):
             return stop_batch_job(rd, state, timeout)
         pid = state.get("supervisor_pid")
-        if status != "lost" and same_process(pid, state.get("supervisor_start")):
+        if status != RunStatus.LOST and same_process(pid, state.get("supervisor_start")):
             return _stop_through_supervisor(rd, pid, timeout)
         return _stop_orphans(rd, state)
 
@@ -41,7 +41,7 @@ def _stop_through_supervisor(rd: RunDir, pid: int, timeout: float) -> bool:
     than `timeout`."""
     os.kill(pid, signal.SIGTERM)
     deadline = time.time() + timeout
-    while time.time() < deadline and rd.effective_status() not in OVER:
+    while time.time() < deadline and rd.effective_status() not in OVER_STATES:
         time.sleep(0.1)
     while time.time() < deadline and pid_alive(pid):  # the supervisor itself exits just after writing its state
         time.sleep(0.05)
@@ -64,7 +64,7 @@ def _stop_orphans(rd: RunDir, state: dict) -> bool:
     reap(state)
     remove_weight_board(rd.read_plan() or {})
     clean = confirm_remote_hosts(rd, fetch_checkpoints=True)
-    state.update(status="stopped", ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
+    state.update(status=RunStatus.STOPPED, ended_at=time.time(), exit_reason="supervisor lost; processes ended by rlctl stop")
     rd.write_state(state)
     print(f"{rd.run_id} {rd.effective_status()}")
     return clean
@@ -89,12 +89,12 @@ def stop_batch_job(rd: RunDir, state: dict, timeout: float) -> bool:
             slurm_command("scancel", str(job))
             state = rd.read_state() or state
             if state.get("status") == "queued":  # it never started
-                state.update(status="stopped", ended_at=time.time(), exit_reason=f"Slurm job {job} cancelled")
+                state.update(status=RunStatus.STOPPED, ended_at=time.time(), exit_reason=f"Slurm job {job} cancelled")
                 rd.write_state(state)
         else:
             slurm_command("scancel", "--signal=TERM", "--batch", str(job))
         deadline = time.time() + timeout
-        while time.time() < deadline and rd.effective_status() not in OVER:
+        while time.time() < deadline and rd.effective_status() not in OVER_STATES:
             time.sleep(0.2)
         while time.time() < deadline and job_nodes(job) is not None:  # the batch job ends once its supervisor has
             time.sleep(0.2)

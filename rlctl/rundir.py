@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Iterator
 
 from rlctl.durable import replace_bytes
+from rlctl.run_status import RunStatus
 
-TERMINAL_STATES = frozenset({"finished", "stopped", "failed"})
+TERMINAL_STATES = frozenset({RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.FAILED})
 # Statuses after which nothing new will be written to the run directory.
-OVER_STATES = TERMINAL_STATES | {"lost"}
+OVER_STATES = TERMINAL_STATES | {RunStatus.LOST}
 REMOTE_SUPERVISOR_STALE_S = 30.0  # a supervisor on another host that has not written state.json for this long is lost
 
 RUNS_DIR_ENV = "RLCTL_RUNS_DIR"
@@ -170,9 +171,9 @@ def _is_zombie(pid: int) -> bool:
 def status_of(state: dict | None) -> str:
     """Effective status of a state dict: its status, "lost" if its supervisor died, "unknown" if none."""
     if not isinstance(state, dict):
-        return "unknown"
-    status = state.get("status") or "unknown"
-    if status in TERMINAL_STATES or status == "unknown":
+        return RunStatus.UNKNOWN
+    status = state.get("status") or RunStatus.UNKNOWN
+    if status in TERMINAL_STATES or status == RunStatus.UNKNOWN:
         return status
     pid = state.get("supervisor_pid")
     host = state.get("supervisor_host")
@@ -181,11 +182,11 @@ def status_of(state: dict | None) -> str:
         # rewrites state.json twice a second while it lives.
         updated = state.get("updated_at")
         stale = isinstance(updated, (int, float)) and time.time() - updated > REMOTE_SUPERVISOR_STALE_S
-        return "lost" if stale else status
+        return RunStatus.LOST if stale else status
     # Without a pid (e.g. "created" before the supervisor started) we cannot tell; trust the file. A pid reused by
     # another process (another start time) is a dead supervisor too.
     if pid is not None and not same_process(pid, state.get("supervisor_start")):
-        return "lost"
+        return RunStatus.LOST
     return status
 
 

@@ -14,6 +14,7 @@ from rlctl.plan import local_python
 from rlctl.rundir import RunDir, new_run_id, runs_root
 from rlctl.slurm import SlurmError, sbatch_script, submit
 from rlctl.spec import JobSpec, dumps_toml, host_secrets, resolved_dict
+from rlctl.run_status import RunStatus
 
 
 def sbatch_options(spec: JobSpec, options: dict) -> dict[str, str]:
@@ -56,7 +57,7 @@ def submit_run(spec: JobSpec, runs_dir: Path | None, nodes: int | None, options:
     try:
         job_id = submit(script)
     except SlurmError as exc:
-        rundir.write_state({**first, "status": "failed", "exit_reason": f"not submitted: {exc}",
+        rundir.write_state({**first, "status": RunStatus.FAILED, "exit_reason": f"not submitted: {exc}",
                             "started_at": time.time(), "ended_at": time.time(), "processes": [], "metrics": {}})
         raise
     rundir.write_state({**first, "status": "queued", "slurm_job_id": job_id, "started_at": time.time(),

@@ -29,6 +29,7 @@ from rlctl.run_state import RunEnd, RunState
 from rlctl.rundir import RunDir, remove_weight_board
 from rlctl.spec import JobSpec, load_job, with_host_secrets
 from rlctl.stop_progress import StopProgress, stop_progress
+from rlctl.run_status import RunStatus
 
 STATE_INTERVAL_S = 0.5
 STOP_GRACE_S = 20.0
@@ -86,12 +87,12 @@ class Supervisor:
             self._wind_down()
             for s, h in old.items():
                 signal.signal(s, h)
-        return 1 if self.run_state.status == "failed" else 0
+        return 1 if self.run_state.status == RunStatus.FAILED else 0
 
     def _start_and_watch(self) -> None:
         """Bind the control socket, start every process, then watch them until the run ends."""
         self.router.open()
-        self.run_state.status = "starting"
+        self.run_state.status = RunStatus.STARTING
         self.run_state.publish()
         # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
         # of the run, where it held up reading heartbeats and the stop rules (a 40k-step stop ended at 59k).
@@ -101,7 +102,7 @@ class Supervisor:
                                meanwhile=lambda: self._keep_in_touch(20))
         # TensorBoard's import takes ~0.2 s: only once every process is on its way.
         self.sink.open_tensorboard(self.run_state.started_at)
-        self.run_state.status = "running"
+        self.run_state.status = RunStatus.RUNNING
         self._loop()
 
     def _loop(self) -> None:
@@ -127,7 +128,7 @@ class Supervisor:
             # Checked on every pass (not only with state.json): a run that is done stops within 0.1 s.
             met = criteria.met(self.sink.hub.snapshot(), self.sink.hub.episodes, now)
             if met:
-                self.run_state.end(RunEnd("finished", met.reason, stopped_by=met.record()))
+                self.run_state.end(RunEnd(RunStatus.FINISHED, met.reason, stopped_by=met.record()))
                 return
 
     def _keep_in_touch(self, drain_ms: int) -> None:
@@ -149,9 +150,9 @@ class Supervisor:
         state = self.run_state
         # A finished run says so only once shutdown is done (final checkpoints written, every process gone):
         # whoever waits for "finished" may then read the run's files.
-        reached = state.status == "finished"
-        if state.status in ("starting", "running", "finished"):
-            state.status = "stopping"
+        reached = state.status == RunStatus.FINISHED
+        if state.status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED):
+            state.status = RunStatus.STOPPING
         self._guarded(state.publish)
         try:
             self._shutdown()
@@ -159,9 +160,9 @@ class Supervisor:
             state.fail_self(exc)
             self.table.kill_everything()
         state.ended_at = time.time()
-        if state.status == "stopping":
-            state.status = "finished" if reached else "stopped"
-        self._guarded(lambda: self.sink.finish(state.status != "failed", state.started_at))
+        if state.status == RunStatus.STOPPING:
+            state.status = RunStatus.FINISHED if reached else RunStatus.STOPPED
+        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.started_at))
         self.starter.close()
         state.publish_final()
         self.router.close()

@@ -38,3 +38,26 @@ def test_no_class_over_250_lines_and_no_function_over_60_in_rlctl():
     offenders = [f"{path.relative_to(ROOT)}:{line} {name} ({length} lines)"
                  for path in sorted(ROOT.rglob("*.py")) for line, name, length in oversized(path.read_text())]
     assert not offenders, "split these (or say why above the definition: # long: <reason>):\n" + "\n".join(offenders)
+
+
+def test_run_statuses_are_named_once():
+    """Run statuses are RunStatus's constants (rlctl.run_status); process states are ProcState's: no module spells
+    one as a string of its own."""
+    from rlctl.run_status import RunStatus
+
+    names = {v for k, v in vars(RunStatus).items() if k.isupper()}
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name in ("run_status.py", "restart_policy.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        # A field named like a status (a host row's "running" count) is a key, not a status.
+        keys = {id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+        keys |= {id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+                 and isinstance(n.func, ast.Attribute) and n.func.attr == "get"}
+        offenders += [f"{path.relative_to(ROOT)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and n.value in names and id(n) not in docstrings | keys]
+    assert not offenders, offenders
