@@ -16,6 +16,7 @@ from rlctl import metric_names as M
 from rlctl import wire
 from rlctl.algos.base import UpdateResult
 from rlctl.control import collector_index
+from rlctl.datapaths.rollouts import RolloutPath
 from rlctl.envs import SpaceInfo
 from rlctl.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
 
@@ -46,7 +47,7 @@ class RolloutCheck:
         self.fields = set(self.layout) | ({"frames"} if frame_stack else set())
 
     def __call__(self, msg: wire.Message) -> bool:
-        if msg.kind != "rollout" or msg.arrays.keys() != self.fields or collector_index(msg.sender) < 0:
+        if msg.kind != RolloutPath.message_kind or msg.arrays.keys() != self.fields or collector_index(msg.sender) < 0:
             return False
         n_envs = msg.arrays["reward"].shape[1] if msg.arrays["reward"].ndim == 2 else -1
         for name, (rows, trailing, dtype) in self.layout.items():
