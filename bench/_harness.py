@@ -35,7 +35,7 @@ if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))
 
 import _children as children  # noqa: E402
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 from rlctl.launch.plan import ROLE_MODULES  # noqa: E402
 
 APEX_JOB = REPO / "jobs" / "apex.toml"

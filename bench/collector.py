@@ -48,7 +48,7 @@ import _harness as H  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 TARGET_RATIO = 0.9
 PUBLISH_HZ = 30.0  # ~ a learner at 300 updates/s with apex.toml's publish_interval = 10

@@ -48,7 +48,7 @@ import _children
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from rlctl import metric_names as M  # noqa: E402
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 FORGED_RETURN, FORGED_STEPS = 1e9, 10**15
 

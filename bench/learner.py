@@ -29,7 +29,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

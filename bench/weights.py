@@ -43,7 +43,7 @@ import _harness as H  # noqa: E402
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 N_COLLECTORS = 4
 HIDDEN_10M = [3158, 3158]  # QNetwork(4 -> 3158 -> 3158 -> dueling 1 + 2) = 10,001,389 parameters
