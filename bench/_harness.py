@@ -1,14 +1,14 @@
 """Shared helpers for the process-level benchmarks in bench/.
 
 The benchmarks start the project's real role modules (`python -m rlctl.roles.<role>`)
-as subprocesses with the environment `rlctl.plan.make_plan` would give them, and
+as subprocesses with the environment `rlctl.launch.plan.make_plan` would give them, and
 play the missing peers themselves (control ROUTER, experience PULL sink, weights
-PUB, ...) with `rlctl.wire` and real CURVE keys.
+PUB, ...) with `rlctl.net.wire` and real CURVE keys.
 
 Processes start through `children` (bench/_children.py): a bench calls `children.install()` first in main(), and
 whatever it started is stopped (process groups and descendants) when it is killed (SIGTERM, SIGINT), fails or ends.
 
-Nothing here imports torch; numpy, zmq and rlctl.wire only.
+Nothing here imports torch; numpy, zmq and rlctl.net.wire only.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))
 
 import _children as children  # noqa: E402
-from rlctl import wire  # noqa: E402
-from rlctl.plan import ROLE_MODULES  # noqa: E402
+from rlctl.net import wire  # noqa: E402
+from rlctl.launch.plan import ROLE_MODULES  # noqa: E402
 
 APEX_JOB = REPO / "jobs" / "apex.toml"
 
@@ -62,8 +62,8 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def write_job(directory: str | Path, overrides: dict | None = None, base: str | Path = APEX_JOB,
               name: str = "job.toml") -> Path:
-    """Write `base` (jobs/apex.toml) with `overrides` merged in as a TOML file; validated with rlctl.spec."""
-    from rlctl.spec import dumps_toml, load_job  # pydantic: only in the bench process, never on a timed path
+    """Write `base` (jobs/apex.toml) with `overrides` merged in as a TOML file; validated with rlctl.job.spec."""
+    from rlctl.job.spec import dumps_toml, load_job  # pydantic: only in the bench process, never on a timed path
 
     data = deep_merge(load_toml(base), overrides or {})
     path = Path(directory) / name
@@ -109,7 +109,7 @@ def make_endpoints(replay_shards: int = 1, host: str = "127.0.0.1") -> tuple[dic
 
 def role_env(role: str, rank: int, job_path: str | Path, endpoints: dict, keys: wire.CurveKeys,
              run_id: str, binds: dict | None = None, checkpoint_dir: str = "", extra: dict | None = None) -> dict:
-    """The environment of one role process, as rlctl.plan.make_plan builds it (plus the real keys)."""
+    """The environment of one role process, as rlctl.launch.plan.make_plan builds it (plus the real keys)."""
     env = dict(os.environ)
     env.update({
         "RLCTL_RUN_ID": run_id,

@@ -6,7 +6,7 @@ Times the installed `rlctl` console script (the one in this interpreter's script
 `python -m rlctl` if there is none) as a user's shell would run it, over >= 10 invocations
 each after one untimed warm-up, median reported. `status` runs against a temporary
 RLCTL_RUNS_DIR holding 100 fake runs whose job.toml, plan.json (rendered by
-rlctl.plan.make_plan) and state.json (shaped like the supervisor's) are realistic; a few
+rlctl.launch.plan.make_plan) and state.json (shaped like the supervisor's) are realistic; a few
 are "running" under a live pid, a few "lost", the rest finished/stopped/failed.
 
 Then, for each path, a child python imports rlctl.cli, invokes the app with those args
@@ -64,8 +64,8 @@ def rlctl_command() -> tuple[list[str], str]:
 
 def make_runs(root: Path, n: int) -> list[str]:
     """n fake run directories like `rlctl run` leaves them (job.toml, plan.json, state.json, logs/...)."""
-    from rlctl.plan import make_plan
-    from rlctl.spec import dumps_toml, load_job, resolved_dict
+    from rlctl.launch.plan import make_plan
+    from rlctl.job.spec import dumps_toml, load_job, resolved_dict
 
     spec = load_job(H.APEX_JOB)
     job_toml = dumps_toml(resolved_dict(spec))

@@ -48,7 +48,7 @@ import _harness as H  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 TARGET_RATIO = 0.9
 PUBLISH_HZ = 30.0  # ~ a learner at 300 updates/s with apex.toml's publish_interval = 10
@@ -66,7 +66,7 @@ class BareLoop:
         from rlctl.algos.apex import dqn as apex
         from rlctl.envs import env_space_info, make_vec_env
         from rlctl.algos import build_model
-        from rlctl.spec import load_job
+        from rlctl.job.spec import load_job
 
         torch.set_num_threads(1)
         self.torch = torch
@@ -125,7 +125,7 @@ class Peers:
         from rlctl.envs import probe_space_info
         from rlctl.algos import build_model
         from rlctl.models import flat_parameters
-        from rlctl.spec import load_job
+        from rlctl.job.spec import load_job
 
         self.control = H.ControlRouter(keys, endpoints["control"])
         self.net = wire.SecureContext(keys)

@@ -48,7 +48,7 @@ import _children
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from rlctl import metric_names as M  # noqa: E402
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 FORGED_RETURN, FORGED_STEPS = 1e9, 10**15
 
@@ -266,7 +266,7 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path, insider: b
         targets["rollouts"] = net.client(zmq.PUSH, eps["rollouts"][0], sndhwm=100000)
     rng, nrng = random.Random(seed), np.random.default_rng(seed)
     mut = Mutator(rng)
-    from rlctl.spec import load_job
+    from rlctl.job.spec import load_job
     spec = load_job(job)
     T, envs = (0, 0) if spec.data_path.shard_role else (spec.algorithm.rollout_len, spec.env.envs_per_collector)
     forged_answers = 0

@@ -39,8 +39,8 @@ import _harness as H  # noqa: E402
 import zmq  # noqa: E402
 
 from rlctl import metric_names as M  # noqa: E402
-from rlctl import wire  # noqa: E402
-from rlctl.plan import CENTRAL_COLLECTOR_MODULE  # noqa: E402
+from rlctl.net import wire  # noqa: E402
+from rlctl.launch.plan import CENTRAL_COLLECTOR_MODULE  # noqa: E402
 
 METRICS_INTERVAL_S = 0.25
 

@@ -29,7 +29,7 @@ import _harness as H  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 TARGET = 1_000_000
 N_SENDERS = 2

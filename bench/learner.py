@@ -29,7 +29,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating learner/bare measurements; medians reported")
     args = ap.parse_args()
     H.children.install()  # killed or failing: torchrun and the learner end with the bench
-    from rlctl.spec import load_job
+    from rlctl.job.spec import load_job
 
     job_path = Path(args.job).resolve()
     spec = load_job(job_path)

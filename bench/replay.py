@@ -1,4 +1,4 @@
-"""Benchmark rlctl.buffers.PrioritizedReplay on CartPole-sized transitions, and rlctl.frames.FrameReplay on Atari ones.
+"""Benchmark rlctl.data.buffers.PrioritizedReplay on CartPole-sized transitions, and rlctl.data.frames.FrameReplay on Atari ones.
 
 Usage: python bench/replay.py [--quick]
 
@@ -27,8 +27,8 @@ import numpy as np
 # Allow `python bench/replay.py` from a checkout without installing the package.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from rlctl.buffers import PrioritizedReplay  # noqa: E402
-from rlctl.frames import MIN_FRAME_CHUNK_STEPS, FrameReplay, parse_frame_items  # noqa: E402
+from rlctl.data.buffers import PrioritizedReplay  # noqa: E402
+from rlctl.data.frames import MIN_FRAME_CHUNK_STEPS, FrameReplay, parse_frame_items  # noqa: E402
 
 CAPACITY = 1_000_000
 INSERT_BATCH = 1000

@@ -2,7 +2,7 @@
 
 Usage: python bench/weights.py [--quick] [--publishes N] [--only small|10m] [--diagnose]
 
-The bench publishes as learner rank 0 does (`rlctl.weights.WeightPublisher`, CURVE) and
+The bench publishes as learner rank 0 does (`rlctl.net.weights.WeightPublisher`, CURVE) and
 starts 4 real collector processes (`python -m rlctl.roles.collector`) whose job has
 `send_batch = 1` and `n_step = 1`, so every env step's transitions leave at once, tagged
 with the collector's policy version (`msg.version`). The bench's PULL sink (where the
@@ -43,7 +43,7 @@ import _harness as H  # noqa: E402
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from rlctl import wire  # noqa: E402
+from rlctl.net import wire  # noqa: E402
 
 N_COLLECTORS = 4
 HIDDEN_10M = [3158, 3158]  # QNetwork(4 -> 3158 -> 3158 -> dueling 1 + 2) = 10,001,389 parameters
@@ -127,7 +127,7 @@ def child_echo() -> None:
         import torch
 
         from rlctl.models import QNetwork, load_flat_parameters
-        from rlctl.spec import load_job
+        from rlctl.job.spec import load_job
 
         torch.set_num_threads(1)
         job = load_job(os.environ["RLCTL_JOB"])
@@ -147,8 +147,8 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
     without, they subscribe to the parameter vector over CURVE as collectors on other hosts do.
     """
     from rlctl.models import flat_parameters
-    from rlctl.remote import weight_board_file
-    from rlctl.weights import WeightPublisher
+    from rlctl.launch.remote import weight_board_file
+    from rlctl.net.weights import WeightPublisher
 
     model = qnet(hidden)
     params = flat_parameters(model).numpy()

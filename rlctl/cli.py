@@ -47,14 +47,14 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
 def _bad_input(message: str) -> "typer.Exit":
-    from rlctl.console import get_console
+    from rlctl.views.console import get_console
 
     get_console(stderr=True).print(message, markup=False)
     return typer.Exit(EXIT_BAD_INPUT)
 
 
 def _load(path: Path):
-    from rlctl.spec import JobFileError, load_job
+    from rlctl.job.spec import JobFileError, load_job
 
     try:
         return load_job(path)
@@ -92,8 +92,8 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
     """Print a commented job file with every key at its default, valid as written: rlctl init > job.toml."""
     import tomllib
 
-    from rlctl.jobinit import render_job_file
-    from rlctl.spec import JobFileError, validate_job
+    from rlctl.job.jobinit import render_job_file
+    from rlctl.job.spec import JobFileError, validate_job
 
     destinations = [h.strip() for h in hosts.split(",")] if hosts is not None else None
     if destinations is not None and not all(destinations):
@@ -112,7 +112,7 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
 @app.command()
 def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
     """Check job files against the schema; exit 2 naming the key path on error."""
-    from rlctl.spec import JobFileError, load_job
+    from rlctl.job.spec import JobFileError, load_job
 
     bad = 0
     for f in files:
@@ -135,23 +135,23 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
          time_limit: Optional[str] = TimeOpt, account: Optional[str] = AccountOpt,
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Render the launch plan (every process, host, command, port); start nothing."""
-    from rlctl.console import get_console, print_json
+    from rlctl.views.console import get_console, print_json
 
     spec = _load(job_file)
     with _launch_errors():
         if sbatch:
-            from rlctl.sbatch import script_to_show
+            from rlctl.launch.sbatch import script_to_show
 
             options = {"partition": partition, "time": time_limit, "account": account}
             sys.stdout.write(script_to_show(spec, runs_dir, nodes, options))
             return
-        from rlctl.launch import plan_to_show
+        from rlctl.launch.pipeline import plan_to_show
 
         spec, p = plan_to_show(spec, runs_dir)
     if as_json:
         print_json(p.to_dict())
         return
-    from rlctl.plan_view import plan_text
+    from rlctl.views.plan_view import plan_text
 
     get_console().print(plan_text(p, spec), markup=False, soft_wrap=True)
 
@@ -174,7 +174,7 @@ def run(job_file: Optional[Path] = typer.Argument(
                                                      help="The run directory --sbatch made (its batch script)."),
         runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Start a job: render its plan, start and supervise every process, until it finishes or is stopped."""
-    from rlctl import launch
+    from rlctl.launch import pipeline as launch
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
     with _launch_errors():
@@ -196,10 +196,10 @@ def run(job_file: Optional[Path] = typer.Argument(
 def _launch_errors():
     """The launch library's refusals as exit codes: bad input 2 (the message as the library words it), remote
     hosts that failed the check 1."""
-    from rlctl.launch import LaunchRefused, PreflightFailed
-    from rlctl.resume import ResumeRefused
+    from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
+    from rlctl.launch.resume import ResumeRefused
     from rlctl.rundir import RunNotFound
-    from rlctl.spec import JobFileError
+    from rlctl.job.spec import JobFileError
 
     try:
         yield
@@ -216,8 +216,8 @@ def _launch_errors():
 
 def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict) -> int:
     """`rlctl run --sbatch`: submit, print the run id; the exit code."""
-    from rlctl.sbatch import submit_run
-    from rlctl.slurm import SlurmError
+    from rlctl.launch.sbatch import submit_run
+    from rlctl.launch.slurm import SlurmError
 
     try:
         rundir, job_id = submit_run(spec, runs_dir, nodes, options)
@@ -232,8 +232,8 @@ def _submit(spec, runs_dir: Optional[Path], nodes: Optional[int], options: dict)
 
 def _run_attached(rundir) -> int:
     """Supervise in this process: a live table on a terminal, else a progress line every few seconds."""
-    from rlctl.console import get_console, live_renderable, progress_printer
-    from rlctl.launch import supervise
+    from rlctl.views.console import get_console, live_renderable, progress_printer
+    from rlctl.launch.pipeline import supervise
 
     con = get_console()
     if con.is_terminal:
@@ -257,7 +257,7 @@ def _run_attached(rundir) -> int:
 @app.command()
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """All runs, or one run's processes."""
-    from rlctl.console import get_console, print_json, run_view, runs_json, runs_table
+    from rlctl.views.console import get_console, print_json, run_view, runs_json, runs_table
     from rlctl.rundir import list_runs, runs_root
 
     con = get_console()
@@ -283,7 +283,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--foll
          tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Merged log lines of a run, prefixed by process, ordered by time."""
-    from rlctl.console import get_console, log_line_markup
+    from rlctl.views.console import get_console, log_line_markup
     from rlctl.rundir import follow_logs, merged_log_lines
 
     rd = _resolve(runs_dir, run)
@@ -309,7 +309,7 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
     from rlctl.rundir import RunBusy
-    from rlctl.run_stop import stop_run
+    from rlctl.supervise.run_stop import stop_run
 
     rd = _resolve(runs_dir, run)
     try:
@@ -325,7 +325,7 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
                                              autocompletion=_complete_run),
             as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures."""
-    from rlctl.console import build_table, compare_data, compare_rows, get_console, print_json
+    from rlctl.views.console import build_table, compare_data, compare_rows, get_console, print_json
 
     dirs = [_resolve(runs_dir, r) for r in runs]
     if as_json:
@@ -343,8 +343,8 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
                                             "the terminal."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out."""
-    from rlctl.console import get_console
-    from rlctl.curves import X_AXES, CurveError, png_plot, read_curve, terminal_plot
+    from rlctl.views.console import get_console
+    from rlctl.views.curves import X_AXES, CurveError, png_plot, read_curve, terminal_plot
 
     if x not in X_AXES:
         raise _bad_input(f"--x must be one of {', '.join(X_AXES)}, not {x!r}")
@@ -404,7 +404,7 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
         print(f"{path}: {exc}", file=sys.stderr)  # one line, however long: not wrapped like _bad_input's
         raise typer.Exit(EXIT_BAD_INPUT) from None
     if as_json:
-        from rlctl.console import print_json
+        from rlctl.views.console import print_json
 
         print_json(result)
     else:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from rlctl.spec import ENV_PACKAGES, EnvSpec, register_env_packages
+from rlctl.job.spec import ENV_PACKAGES, EnvSpec, register_env_packages
 
 
 def resolve_env_id(env_id: str) -> str:

@@ -8,7 +8,7 @@ A log holds whatever a process printed (an env's, a library's, a user's code), s
 line is an event only if it has the prefix, a known name and a JSON object with exactly that event's fields, of
 their types. Every other line is skipped.
 
-Light (json, re, dataclasses): torch-free collectors, `rlctl.remote` and the CLI path import it.
+Light (json, re, dataclasses): torch-free collectors, `rlctl.launch.remote` and the CLI path import it.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ REPLAY_INSERTED = "replay/inserted"
 REPLAY_INSERT_PER_S = "replay/insert_per_s"
 REPLAY_SAMPLED_PER_S = "replay/sampled_per_s"
 REPLAY_PENDING = "replay/pending_requests"
-REPLAY_FRAMES_PER_ITEM = "replay/frames_per_item"  # frame-stack jobs: frames stored per transition (rlctl.frames)
+REPLAY_FRAMES_PER_ITEM = "replay/frames_per_item"  # frame-stack jobs: frames stored per transition (rlctl.data.frames)
 
 # Collectors (per process; the hub sums them into ENV_STEPS and ENV_STEPS_PER_S).
 COLLECTOR_ENV_STEPS = "env_steps"

@@ -389,7 +389,7 @@ def resolve_run(root: Path, run: str | None) -> RunDir:
 
 
 def remove_weight_board(plan: dict) -> None:
-    """Remove the shared-memory weight board (rlctl.weights) of a local learner, if one was left behind: its
+    """Remove the shared-memory weight board (rlctl.net.weights) of a local learner, if one was left behind: its
     learner removes it on the way out, but not when it is killed."""
     for proc in plan.get("processes", []):
         board = proc.get("env", {}).get("RLCTL_WEIGHT_BOARD")

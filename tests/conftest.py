@@ -172,7 +172,7 @@ def member_keys(run_id: str, role: str, rank: int):
     """The CURVE keys (wire.CurveKeys) of one process of a run, read from its environment as anyone on its host
     could: the learner's torchrun agent and central-inference collectors are started with them (forked processes
     show the fork server's environment)."""
-    from rlctl import wire
+    from rlctl.net import wire
 
     wanted = {f"RLCTL_RUN_ID={run_id}".encode(), f"RLCTL_ROLE={role}".encode(), f"RLCTL_RANK={rank}".encode()}
     for entry in os.listdir("/proc"):

@@ -122,26 +122,26 @@ CASES = [
     ("ingest.py", ["--quick", "--batches", "256"], False,
      [("rlctl.roles.replay", 1, True), ("--child-sender", 2, False)]),
     # an `rlctl run` supervisor whose processes all run (its state.json says so): its fork server (collectors,
-    # replay shard and evaluator are forked from it) and the learner under rlctl.torchrun
+    # replay shard and evaluator are forked from it) and the learner under rlctl.launch.torchrun
     ("solve_cartpole.py", ["--only", "apex", "--seeds", "1", "--cap", "60"], True,
-     [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
     ("scale_collectors.py", ["--algos", "apex", "--collectors", "2", "--seeds", "1", "--cap", "60"], True,
-     [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
     ("cli_latency.py", ["--quick", "--runs", "3"], True, [("rlctl --help", 1, False)]),  # an rlctl invocation
     # its first phase: one collector with local inference, past start-up
     ("inference.py", ["--collectors", "1", "--window", "60"], False, [("rlctl.roles.collector", 1, True)]),
     # the Pong job's supervisor with every process running: fork server and its two collectors, the learner
     ("atari.py", ["--seconds", "120", "--bare-seconds", "2"], True,
-     [("-m rlctl run", 1, True), ("rlctl.forkserver", 3, False), ("rlctl.torchrun", 1, False),
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 3, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
     ("fuzz.py", ["--messages", "1000000", "--jobs", "apex"], False,
-     [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs-apex/*/state.json"]),
     # its `rlctl run` (attached, a child of the bench) with every process running
     ("faults.py", ["--rounds", "1"], False,
-     [("-m rlctl run", 1, True), ("rlctl.forkserver", 5, False), ("rlctl.torchrun", 1, False),
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
     # 8 sshds; a local launch comes and goes, then the launch on one lab host: its supervisor and the ssh sessions
     # of its 8 processes (the processes on the lab host carry HOSTLAB_TAG, see hostlab_strays). Not "all running":

@@ -1,4 +1,4 @@
-"""Tests for rlctl.buffers against brute-force references (plain lists / np.cumsum)."""
+"""Tests for rlctl.data.buffers against brute-force references (plain lists / np.cumsum)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlctl.buffers import PrioritizedReplay, SnapshotError, SumTree, load_snapshot, save_snapshot
+from rlctl.data.buffers import PrioritizedReplay, SnapshotError, SumTree, load_snapshot, save_snapshot
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

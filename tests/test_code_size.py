@@ -4,6 +4,7 @@ says why (`# long: <reason>`)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlctl"
@@ -61,3 +62,26 @@ def test_run_statuses_are_named_once():
         offenders += [f"{path.relative_to(ROOT)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
                       if isinstance(n, ast.Constant) and n.value in names and id(n) not in docstrings | keys]
     assert not offenders, offenders
+
+
+def test_the_readme_code_map_names_the_tree():
+    """Every file and folder the README's code map names exists, and every module of rlctl/ is named there (by its
+    path, or by its name within its folder's row)."""
+    readme = (ROOT.parent / "README.md").read_text()
+    table = readme.split("## Code map", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `rlctl/")]
+    named = set()
+    for row in rows:
+        where, what = row.split(" | ", 2)[:2] if row.count(" | ") >= 2 else (row, "")
+        first = where.strip("| `").split("`")[0]
+        folder = first if first.endswith("/") else first.rsplit("/", 1)[0] + "/"
+        if "<" in folder:  # a row about every package of a kind (rlctl/algos/<name>/)
+            continue
+        for name in re.findall(r"`([\w<>./]+)`", where + " | " + what):
+            path = name if name.startswith("rlctl/") else folder + name
+            if name.endswith((".py", "/")) and "<" not in name:
+                assert (ROOT.parent / path).exists(), f"the code map names {path}, which is not in the tree"
+                named.add(path)
+    modules = {str(p.relative_to(ROOT.parent)) for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    modules |= {str(p.parent.relative_to(ROOT.parent)) + "/" for p in ROOT.glob("*/__init__.py")}
+    assert modules <= named | {m for m in modules if any(n.startswith(m) for n in named)}, sorted(modules - named)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from conftest import member_keys, only_run, read_state, run_cli, small_job, wait_for
 from rlctl import metric_names as M
-from rlctl import wire
-from rlctl.control import ControlError, parse_control
+from rlctl.net import wire
+from rlctl.net.control import ControlError, parse_control
 
 
 def test_a_valid_heartbeat_parses_to_typed_figures():

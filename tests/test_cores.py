@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos import ALGORITHMS, build_model
 from rlctl.algos.base import ActorCore, ActorSetup, LearnerCore
-from rlctl.buffers import PrioritizedReplay
+from rlctl.data.buffers import PrioritizedReplay
 from rlctl.envs import env_space_info, make_vec_env, probe_space_info
 from rlctl.models import flat_parameters
 from rlctl.roles.learner import build_core
 from rlctl.datapaths.rollout_source import stack_rollouts
-from rlctl.spec import validate_job
+from rlctl.job.spec import validate_job
 
 SMALL = {
     "apex": {"batch_size": 16, "send_batch": 16},

@@ -10,9 +10,9 @@ import pytest
 
 from rlctl.algos import ALGORITHMS, AlgorithmEntry
 from rlctl.datapaths import DATA_PATHS
-from rlctl.plan import make_plan
-from rlctl.specbase import Section
-from rlctl.spec import ALGORITHM_SPECS, validate_job
+from rlctl.launch.plan import make_plan
+from rlctl.job.specbase import Section
+from rlctl.job.spec import ALGORITHM_SPECS, validate_job
 
 ROOT = Path(__file__).resolve().parents[1] / "rlctl"
 PATH_NAMES = set(DATA_PATHS)

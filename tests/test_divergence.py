@@ -8,7 +8,7 @@ import math
 import torch
 
 from rlctl import metric_names as M
-from rlctl.console import divergence_text, header_lines, progress_line
+from rlctl.views.console import divergence_text, header_lines, progress_line
 from rlctl.roles.learner import DIVERGENCE_FACTOR, build_core, divergence
 from test_cores import collect_blocks, learner_batch, small_job
 

@@ -24,7 +24,7 @@ from conftest import run_cli
 from rlctl.algos import build_model
 from rlctl.checkpoint import FORMAT
 from rlctl.envs import SpaceInfo
-from rlctl.spec import dumps_toml, resolved_dict, validate_job
+from rlctl.job.spec import dumps_toml, resolved_dict, validate_job
 
 CARTPOLE = SpaceInfo((4,), "float32", n_actions=2)
 

@@ -24,7 +24,7 @@ EXAMPLES = {
 
 
 def stamp(ts: float) -> str:
-    """The supervisor's stamp for a log line (rlctl.supervise.LogPump)."""
+    """The supervisor's stamp for a log line (rlctl.supervise.loop.LogPump)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
 
 

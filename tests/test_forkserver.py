@@ -1,4 +1,4 @@
-"""rlctl.forkserver: role processes forked from one pre-imported interpreter behave like spawned ones."""
+"""rlctl.launch.forkserver: role processes forked from one pre-imported interpreter behave like spawned ones."""
 
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlctl.forkserver import ForkServer
+from rlctl.launch.forkserver import ForkServer
 
 ROLE = '''
 import os, sys, time

@@ -1,4 +1,4 @@
-"""Frame-deduplicated replay (rlctl.frames): the stacks a FrameReplay rebuilds equal the stacks the env produced,
+"""Frame-deduplicated replay (rlctl.data.frames): the stacks a FrameReplay rebuilds equal the stacks the env produced,
 across episode boundaries, chunk boundaries, ring wrap-around and eviction, against the naive chunker that stores
 every stack whole; snapshots and hostile messages."""
 
@@ -17,11 +17,11 @@ from conftest import free_ports
 from hypothesis import strategies as st
 
 from rlctl.algos.apex.dqn import ChunkedNStep
-from rlctl.buffers import SnapshotError, load_snapshot, save_snapshot
-from rlctl.frames import (FRAME_SLACK, MIN_FRAME_CHUNK_STEPS, FrameReplay, frame_capacity, frame_table,
+from rlctl.data.buffers import SnapshotError, load_snapshot, save_snapshot
+from rlctl.data.frames import (FRAME_SLACK, MIN_FRAME_CHUNK_STEPS, FrameReplay, frame_capacity, frame_table,
                           parse_frame_items, parse_rollout_frames, rollout_frames)
 from rlctl.datapaths.rollout_source import RolloutInbox, stack_rollouts
-from rlctl.wire import Message
+from rlctl.net.wire import Message
 
 
 class PaletteFrames(gym.Env):
@@ -227,7 +227,7 @@ def _rollouts(seed, s, envs, T, shape, palette, max_len, count):
        count=st.integers(1, 3))
 def test_rollout_stacks_rebuilt_on_the_learner_equal_the_envs_across_episodes(seed, s, envs, T, shape, palette,
                                                                              max_len, count):
-    """A rollout's obs sent as frames (rlctl.frames.rollout_frames) and stacked by the learner's rollout source
+    """A rollout's obs sent as frames (rlctl.data.frames.rollout_frames) and stacked by the learner's rollout source
     (several rollouts along the env axis) are the stacks the env produced, across episode starts."""
     naive = list(_rollouts(seed, s, envs, T, shape, palette, max_len, count))
     msgs = []
@@ -251,7 +251,7 @@ def test_a_continuing_rollout_sends_each_frame_once():
 
 def test_hostile_rollout_frames_are_refused():
     """Frames or stack starts that are not exactly what a rollout of the job's layout sends are dropped, counted."""
-    from rlctl import wire
+    from rlctl.net import wire
     from rlctl.algos.onpolicy.actor import rollout_layout
     from rlctl.envs import SpaceInfo
 

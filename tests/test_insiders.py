@@ -17,7 +17,7 @@ import zmq
 
 from conftest import member_keys, read_state, run_cli, wait_for
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 
 pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 

@@ -1,4 +1,4 @@
-"""Tests for rlctl.plan (JobSpec -> LaunchPlan) and rlctl.hosts (local and SSH launchers)."""
+"""Tests for rlctl.launch.plan (JobSpec -> LaunchPlan) and rlctl.launch.hosts (local and SSH launchers)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.hosts import SECRET_ENV, SSHLauncher, launcher_for, ssh_hostnames
-from rlctl.plan import (
+from rlctl.launch.hosts import SECRET_ENV, SSHLauncher, launcher_for, ssh_hostnames
+from rlctl.launch.plan import (
     CRITICAL_ROLES,
     SECRET_MASK,
     LaunchPlan,
@@ -29,7 +29,7 @@ from rlctl.plan import (
     torch_threads,
     usable_cpus,
 )
-from rlctl.spec import JobFileError, JobSpec, load_job, validate_job
+from rlctl.job.spec import JobFileError, JobSpec, load_job, validate_job
 
 REPO = Path(__file__).resolve().parents[1]
 APEX = REPO / "jobs" / "apex.toml"
@@ -154,7 +154,7 @@ def test_apex_argv():
     spec = load_job(APEX)
     procs = by_name(plan_of(spec))
     learner = procs["learner-0"].argv
-    assert learner[:3] == [PY, "-m", "rlctl.torchrun"]
+    assert learner[:3] == [PY, "-m", "rlctl.launch.torchrun"]
     assert learner[-2:] == ["-m", "rlctl.roles.learner"]
     assert arg_after(learner, "--nproc-per-node") == str(spec.topology.learner_procs)
     assert arg_after(learner, "--nnodes") == "1"
@@ -345,7 +345,7 @@ def test_remote_binds_not_loopback(remote_spec):
 def test_local_hosts_in_multi_host_job_run_directly(remote_spec):
     procs = by_name(plan_of(remote_spec))
     assert procs["replay-0"].argv == [PY, "-m", "rlctl.roles.replay"]
-    assert procs["learner-0"].argv[:3] == [PY, "-m", "rlctl.torchrun"]
+    assert procs["learner-0"].argv[:3] == [PY, "-m", "rlctl.launch.torchrun"]
 
 
 def test_ssh_argv_for_remote_host(remote_spec):
@@ -363,9 +363,9 @@ def test_ssh_argv_for_remote_host(remote_spec):
         remote = shlex.split(argv[-1])
         assert remote[:4] == ["cd", "/srv/rl work", "&&", "exec"]
         assert remote[4] == "env"
-        # The role runs inside rlctl.remote, which ties its process group to the session.
+        # The role runs inside rlctl.launch.remote, which ties its process group to the session.
         py = remote.index("/opt/venv/bin/python")
-        assert remote[py:py + 5] == ["/opt/venv/bin/python", "-m", "rlctl.remote", "run", "--"]
+        assert remote[py:py + 5] == ["/opt/venv/bin/python", "-m", "rlctl.launch.remote", "run", "--"]
         assert remote[py + 5:] == ["/opt/venv/bin/python", "-m", "rlctl.roles.collector"]
         assignments = dict(a.split("=", 1) for a in remote[5:py])
         # Control messages travel over the session: a forwarded Unix socket, unique per process and start.
@@ -398,7 +398,7 @@ def test_ssh_argv_minimal_host(remote_spec):
     assert argv[argv.index("--") - 1] == "cpu-box"
     remote = shlex.split(argv[-1])
     assert remote[:2] == ["exec", "env"]  # no workdir: no cd
-    assert remote[-8:] == ["python3", "-m", "rlctl.remote", "run", "--", "python3", "-m", "rlctl.roles.collector"]
+    assert remote[-8:] == ["python3", "-m", "rlctl.launch.remote", "run", "--", "python3", "-m", "rlctl.roles.collector"]
 
 
 def test_secret_never_on_any_command_line(remote_spec):
@@ -472,7 +472,7 @@ def test_cli_plan_text(tmp_path):
     proc = rlctl("plan", "jobs/apex.toml", "--runs-dir", str(runs))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for needle in ("rlctl.torchrun", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
+    for needle in ("rlctl.launch.torchrun", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
                    "rlctl.roles.learner", "replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"):
         assert needle in out, needle
     assert "Traceback" not in proc.stderr
@@ -491,7 +491,7 @@ def test_cli_plan_json(tmp_path):
             assert x["env"][key] == SECRET_MASK
         assert x["env"]["RLCTL_ROLE"] == x["role"]
     learner = next(x for x in data["processes"] if x["role"] == "learner")
-    assert "rlctl.torchrun" in learner["argv"] and learner["argv"][-1] == "rlctl.roles.learner"
+    assert "rlctl.launch.torchrun" in learner["argv"] and learner["argv"][-1] == "rlctl.roles.learner"
 
 
 def test_cli_plan_remote_job_shows_ssh(tmp_path):
@@ -514,7 +514,7 @@ def test_cli_plan_bad_job(tmp_path):
 
 
 def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
-    from rlctl.remote import weight_board_file
+    from rlctl.launch.remote import weight_board_file
 
     board = weight_board_file(RUN_ID, RUN_DIR)
     assert board.startswith(f"/dev/shm/rlctl-{RUN_ID}-") and board != weight_board_file(RUN_ID, RUN_DIR + "2")
@@ -530,7 +530,7 @@ def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
 
 
 def test_asynchronous_rollout_batches_keep_their_size_and_a_lag_past_the_bound_is_warned():
-    from rlctl.plan import job_warnings
+    from rlctl.launch.plan import job_warnings
 
     appo = load_job(REPO / "jobs" / "appo.toml")
     assert appo.algorithm.rollouts_per_update(8) == 2 and appo.algorithm.rollouts_per_update(1) == 16
@@ -548,7 +548,7 @@ def test_asynchronous_rollout_batches_keep_their_size_and_a_lag_past_the_bound_i
 
 
 def test_machine_warnings_name_the_cause_and_a_topology_that_fits():
-    from rlctl.plan import machine_warnings
+    from rlctl.launch.plan import machine_warnings
 
     crowded = validate_job({"job": {"name": "c"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
                             "algorithm": {"name": "apex"}, "topology": {"collectors": 24}})
@@ -635,7 +635,7 @@ def test_dedicated_learner_cores_are_given_to_the_learner_hosts_processes_and_sa
 
 
 def test_dedicated_cores_that_leave_nothing_for_the_others_are_a_warning():
-    from rlctl.plan import machine_warnings
+    from rlctl.launch.plan import machine_warnings
 
     wide = validate_job({"job": {"name": "w"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"},
                          "topology": {"learner_procs": 2, "collectors": 2, "learner_cores": "dedicated"}})
@@ -665,7 +665,7 @@ def test_the_multi_host_example_places_learner_and_collectors_on_their_hosts():
 
 @pytest.mark.parametrize("algo", ["apex", "ppo", "appo", "impala", "r2d2"])
 def test_init_prints_a_commented_job_with_every_key_that_validates_as_written(algo, tmp_path):
-    from rlctl.jobref import SECTIONS
+    from rlctl.job.jobref import SECTIONS
 
     out = rlctl("init", "--algo", algo)
     assert out.returncode == 0, out.stderr

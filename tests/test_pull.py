@@ -1,4 +1,4 @@
-"""Checkpoints coming home: `python -m rlctl.remote pull` streams a folder, `unpack_pulled` takes only a whole copy."""
+"""Checkpoints coming home: `python -m rlctl.launch.remote pull` streams a folder, `unpack_pulled` takes only a whole copy."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import tarfile
 
 import pytest
 
-from rlctl.hosts import PullError, unpack_pulled
-from rlctl.remote import PULL_MANIFEST
+from rlctl.launch.hosts import PullError, unpack_pulled
+from rlctl.launch.remote import PULL_MANIFEST
 
 
 def pulled(folder) -> bytes:
-    """What the remote side writes for `folder`, from a real `python -m rlctl.remote pull`."""
-    proc = subprocess.run([sys.executable, "-m", "rlctl.remote", "pull", str(folder)], capture_output=True, timeout=60)
+    """What the remote side writes for `folder`, from a real `python -m rlctl.launch.remote pull`."""
+    proc = subprocess.run([sys.executable, "-m", "rlctl.launch.remote", "pull", str(folder)], capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from conftest import small_job
-from rlctl.restart_policy import (ALIVE, TRANSITIONS, Event, IllegalTransition, Lifecycle, ProcState, RestartPolicy,
+from rlctl.supervise.restart_policy import (ALIVE, TRANSITIONS, Event, IllegalTransition, Lifecycle, ProcState, RestartPolicy,
                                   agent_killed)
 
 POLICY = RestartPolicy(max_restarts=3, window_s=100.0, backoff_s=0.5, heartbeat_timeout_s=5.0)
@@ -170,9 +170,9 @@ class EndedProcess:
 
 
 def test_the_process_table_restarts_a_collector_until_its_restarts_run_out(tmp_path):
-    from rlctl.plan import make_plan
-    from rlctl.process_table import ProcessTable
-    from rlctl.spec import load_job
+    from rlctl.launch.plan import make_plan
+    from rlctl.supervise.process_table import ProcessTable
+    from rlctl.job.spec import load_job
 
     spec = load_job(small_job(tmp_path, max_restarts=1))
     restarted = []

@@ -1,4 +1,4 @@
-"""Tests for rlctl.rundir (run directories, state, logs) and rlctl.console (formatting)."""
+"""Tests for rlctl.rundir (run directories, state, logs) and rlctl.views.console (formatting)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl import console, rundir
+from rlctl import rundir
+from rlctl.views import console
 from rlctl.rundir import RunDir, RunNotFound, process_start_time
 
 OWN_START = process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
@@ -300,11 +301,11 @@ def test_log_line_markup_prefix_and_stable_colour():
 
 
 def test_fast_path_imports_no_heavy_modules():
-    code = ("import rlctl.rundir, rlctl.console, sys; "
+    code = ("import rlctl.rundir, rlctl.views.console, sys; "
             "print('torch' in sys.modules or 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    code = ("import rlctl.rundir, rlctl.console, sys; "
+    code = ("import rlctl.rundir, rlctl.views.console, sys; "
             "print(sorted(m for m in ('typer', 'pydantic', 'zmq', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -444,9 +445,9 @@ def test_runs_table_fits_without_splitting_run_ids(tmp_path, width):
        seen=st.integers(0, 30))
 def test_a_progress_bar_shows_100_percent_exactly_when_its_criterion_stops_the_run(
         steps, target_steps, elapsed, wall, ev, target_ev, streak, rounds, ret, seen):
-    from rlctl.spec import validate_job
-    from rlctl.stop_progress import percent, stop_progress
-    from rlctl.supervise import StopCriteria
+    from rlctl.job.spec import validate_job
+    from rlctl.supervise.stop_progress import percent, stop_progress
+    from rlctl.supervise.loop import StopCriteria
 
     stop = {"env_steps": target_steps, "wall_s": wall, "eval_return": target_ev, "eval_rounds": rounds,
             "train_return": 5.0, "train_return_window": 10}

@@ -223,11 +223,11 @@ env = {{ API_TOKEN = "{sentinel}" }}
 
 def test_each_process_holds_only_the_keys_it_needs(tmp_path):
     """A client key pair per process; the server secret only where a process binds (learner, replay shards)."""
-    from rlctl import wire
-    from rlctl.plan import make_plan
+    from rlctl.net import wire
+    from rlctl.launch.plan import make_plan
     from rlctl.rundir import RunDir
-    from rlctl.spec import load_job
-    from rlctl.supervise import Supervisor
+    from rlctl.job.spec import load_job
+    from rlctl.supervise.loop import Supervisor
 
     spec = load_job(small_job(tmp_path, name="keys", collectors=2))
     plan = make_plan(spec, "keys-1", str(tmp_path / "run"), 30000)
@@ -244,8 +244,8 @@ def test_each_process_holds_only_the_keys_it_needs(tmp_path):
 
 def test_the_remote_private_folder_is_made_0700_and_nothing_else_is_taken_for_it(tmp_path):
     """Remote sessions forward the control socket into the run's private folder, made by the preflight check."""
-    from rlctl.hosts import control_socket, private_dir
-    from rlctl.remote import make_private_dir
+    from rlctl.launch.hosts import control_socket, private_dir
+    from rlctl.launch.remote import make_private_dir
 
     fresh = tmp_path / "fresh"
     assert make_private_dir(str(fresh)) is None and stat.S_IMODE(fresh.stat().st_mode) == 0o700

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rlctl import events, wire
+from rlctl import events
+from rlctl.net import wire
 from conftest import REPO, cmdline, command_lines, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
 import slurmlab
@@ -82,7 +83,7 @@ def running(proc: subprocess.Popen, predicate):
 
 
 def rlctl_processes(lab) -> dict[str, list[int]]:
-    """Node -> pids of rlctl processes there (role processes, torchrun, rlctl.remote), the daemons left out."""
+    """Node -> pids of rlctl processes there (role processes, torchrun, rlctl.launch.remote), the daemons left out."""
     return {node: [pid for pid in lab.node_pids(node) if b"rlctl" in (cmdline(pid) or b"")] for node in lab.nodes}
 
 
@@ -203,7 +204,7 @@ def test_sbatch_run_shows_in_status_from_the_login_node_and_stop_ends_it(lab, tm
     table = run_cli(["status", "--runs-dir", str(runs)], env={**lab.env, "COLUMNS": "200"}).stdout
     assert re.search(rf"{run_id}\s.*running", table), table
     logs = run_cli(["logs", run_id, "--role", "learner", "--runs-dir", str(runs)], env=lab.env).stdout
-    assert "rlctl.remote: on h1" in logs and f"{events.PREFIX}first_update " in logs, logs
+    assert "rlctl.launch.remote: on h1" in logs and f"{events.PREFIX}first_update " in logs, logs
     out = run_cli(["stop", run_id, "--runs-dir", str(runs)], env=lab.env, timeout=120)
     assert f"Slurm job {job_id} ended" in out.stdout, out.stdout + out.stderr
     state = read_state(run_dir)

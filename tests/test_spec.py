@@ -1,4 +1,4 @@
-"""Tests for rlctl.spec: loading, error reporting, TOML round trips, and fuzzing of the job schema."""
+"""Tests for rlctl.job.spec: loading, error reporting, TOML round trips, and fuzzing of the job schema."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from rlctl import spec as spec_mod
-from rlctl.spec import (SECRET_MASK, JobFileError, JobSpec, dumps_toml, host_secrets, load_job, resolved_dict,
+from rlctl.job import spec as spec_mod
+from rlctl.job.spec import (SECRET_MASK, JobFileError, JobSpec, dumps_toml, host_secrets, load_job, resolved_dict,
                         validate_job, with_host_secrets)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -367,7 +367,7 @@ def test_replay_min_size_may_equal_capacity():
      "hosts": [{"name": "a", "learner": True, "collectors": 2}, {"name": "b", "learner": True, "collectors": 3}]},
 ])
 def test_port_count_is_what_the_plan_binds(variant):
-    from rlctl.plan import make_plan
+    from rlctl.launch.plan import make_plan
 
     data = _job(**variant)
     if "hosts" in variant:
@@ -428,7 +428,7 @@ def test_env_id_check_agrees_with_gymnasium():
 
 
 def test_loading_the_schema_imports_no_gymnasium():
-    probe = ("import sys; import rlctl.spec; "
+    probe = ("import sys; import rlctl.job.spec; "
              "print(sorted(m for m in ('gymnasium', 'torch', 'numpy', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
@@ -479,7 +479,7 @@ def test_roundtrip_shipped_jobs(path):
 @pytest.mark.parametrize("new_job", [False, True])
 def test_resume_with_until_keeps_the_real_host_secrets(tmp_path, new_job):
     """--until used to validate the masked job: the processes got `********` and secrets.json was rewritten with it."""
-    from rlctl.resume import job_for_resume
+    from rlctl.launch.resume import job_for_resume
 
     spec = load_job(write(tmp_path, RICH))
     assert any(h.env for h in spec.hosts)
@@ -756,15 +756,15 @@ def test_fuzz_raw_bytes_to_load_job(tmp_path, raw):
 
 
 def test_readme_job_reference_is_current():
-    from rlctl.jobref import render_reference
+    from rlctl.job.jobref import render_reference
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("<!-- job-reference:start -->\n", 1)[1].split("<!-- job-reference:end -->", 1)[0]
-    assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.jobref --write README.md"
+    assert section.strip() == render_reference().strip(), "README job reference is stale: python -m rlctl.job.jobref --write README.md"
 
 
 def test_eval_stop_needs_the_configured_rounds_in_a_row():
-    from rlctl.supervise import StopCriteria
+    from rlctl.supervise.loop import StopCriteria
 
     job = validate_job({"job": {"name": "t", "stop": {"eval_return": 475.0, "eval_rounds": 3}},
                         "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})

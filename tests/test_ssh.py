@@ -1,6 +1,6 @@
 """Jobs spread over real SSH hosts: one sshd per host, each in its own network namespace (tests/hostlab.py).
 
-Every process of these jobs is started through `ssh`, inside `rlctl.remote` on its host; the learner binds on
+Every process of these jobs is started through `ssh`, inside `rlctl.launch.remote` on its host; the learner binds on
 its host's address and collectors reach it over the lab's bridge, as on a LAN.
 """
 
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rlctl import events, wire
-from rlctl.hosts import pull_directory
-from rlctl.remote import remote_checkpoint_dir
-from rlctl.spec import load_job
+from rlctl import events
+from rlctl.net import wire
+from rlctl.launch.hosts import pull_directory
+from rlctl.launch.remote import remote_checkpoint_dir
+from rlctl.job.spec import load_job
 from conftest import command_lines, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
 from hostlab import HostLab
@@ -52,7 +53,7 @@ def spread_job(lab: HostLab, tmp_path: Path, job: str, placement: dict[int, dict
 
 def sweep(lab: HostLab, i: int, run_id: str) -> dict:
     """What of the run is left on lab host i, asked on that host itself."""
-    proc = lab.run(lab.hosts[i], f"{sys.executable} -m rlctl.remote sweep {run_id}")
+    proc = lab.run(lab.hosts[i], f"{sys.executable} -m rlctl.launch.remote sweep {run_id}")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -78,7 +79,7 @@ def wait_all_running(run_dir: Path) -> None:
 
 
 def _role_pid(run_id: str, role: str, rank: int) -> int | None:
-    """The role process itself (not its rlctl.remote wrapper) of one process of the run."""
+    """The role process itself (not its rlctl.launch.remote wrapper) of one process of the run."""
     for pid in run_processes_anywhere(run_id):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -86,7 +87,7 @@ def _role_pid(run_id: str, role: str, rank: int) -> int | None:
         except OSError:
             continue
         if (f"RLCTL_ROLE={role}".encode() in env and f"RLCTL_RANK={rank}".encode() in env
-                and f"rlctl.roles.{role}".encode() in cmdline and b"rlctl.remote" not in cmdline):
+                and f"rlctl.roles.{role}".encode() in cmdline and b"rlctl.launch.remote" not in cmdline):
             return pid
     return None
 
@@ -382,7 +383,7 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
 
     from rich.console import Console
 
-    from rlctl.console import live_renderable
+    from rlctl.views.console import live_renderable
 
     console = Console(record=True, width=160)
     console.print(live_renderable(read_state(run_dir)))

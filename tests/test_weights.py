@@ -10,9 +10,9 @@ import torch
 import zmq
 
 from conftest import free_ports, wait_for
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.models import QNetwork, flat_parameters, parameter_digest
-from rlctl.weights import FULL, NOTICE, WeightBoard, WeightPublisher, WeightSubscriber
+from rlctl.net.weights import FULL, NOTICE, WeightBoard, WeightPublisher, WeightSubscriber
 
 torch.set_num_threads(1)
 
@@ -237,7 +237,7 @@ def test_the_board_is_created_private_and_stale_boards_of_other_users_are_left_a
     import os
     import stat
 
-    from rlctl import remote
+    from rlctl.launch import remote
 
     board = tmp_path / "rlctl-r1-abc-weights"
     WeightBoard.create(str(board), 5)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import free_ports, small_job
-from rlctl import wire
+from rlctl.net import wire
 
 
 def test_round_trip_is_zero_copy_views_with_header_fields():
@@ -77,7 +77,7 @@ def test_keys_travel_as_one_env_string():
 
 
 def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_running(tmp_path):
-    from rlctl.spec import dumps_toml, load_job, resolved_dict
+    from rlctl.job.spec import dumps_toml, load_job, resolved_dict
 
     job = tmp_path / "job.toml"
     small = small_job(tmp_path)
@@ -162,7 +162,7 @@ def _ppo_learner(tmp_path, ranks: int):
     """A real PPO learner (torchrun, `ranks` ranks, two collectors in the job) started as the plan would, with the
     test playing the supervisor's control ROUTER; yields its sockets, endpoints and one valid rollout."""
     from rlctl.envs import probe_space_info
-    from rlctl.spec import dumps_toml, resolved_dict, validate_job
+    from rlctl.job.spec import dumps_toml, resolved_dict, validate_job
 
     spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
                          "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},
@@ -302,7 +302,7 @@ def _rss_bytes() -> int:
 
 SENDER_CHILD = r'''
 import sys, time, zmq
-from rlctl import wire
+from rlctl.net import wire
 keys = wire.CurveKeys.from_env()
 net = wire.SecureContext(keys)
 push = net.client(zmq.PUSH, sys.argv[1], linger=5000)

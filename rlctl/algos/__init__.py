@@ -3,7 +3,7 @@
 An entry holds lazy `"module:attr"` references (nothing heavy is imported until a role needs it; the CLI path
 imports none of them) and the traits the rest of rlctl plans and runs by:
 
-* `spec`: its `[algorithm]` section model (pydantic only, no torch), assembled into the job schema by rlctl.spec;
+* `spec`: its `[algorithm]` section model (pydantic only, no torch), assembled into the job schema by rlctl.job.spec;
 * `learner`: its `LearnerCore` (rlctl.algos.base): the update math the learner shell (roles/learner.py) feeds;
 * `actor`: its `ActorCore`: acting and cutting experience inside the collector shell (roles/collector.py);
 * `model`: `build(job, info) -> nn.Module`, the network the learner trains and actors and evaluators run;

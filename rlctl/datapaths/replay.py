@@ -69,7 +69,7 @@ class ReplayPath(DataPath):
 
     def senders(self, net, endpoints, job, info, name, collector=None):
         """One PUSH to every shard (ZeroMQ spreads batches over the shards that have room)."""
-        from rlctl import wire
+        from rlctl.net import wire
         from rlctl.datapaths.sender import ExperienceSender
 
         return [ExperienceSender(net, [r["experience"] for r in endpoints["replay"]], name, self.message_kind,

@@ -10,7 +10,7 @@ import numpy as np
 import zmq
 
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos.base import UpdateResult
 from rlctl.envs import SpaceInfo
 

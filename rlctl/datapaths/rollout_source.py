@@ -13,12 +13,12 @@ import torch
 import zmq
 
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos.base import UpdateResult
-from rlctl.control import collector_index
+from rlctl.net.control import collector_index
 from rlctl.datapaths.rollouts import RolloutPath
 from rlctl.envs import SpaceInfo
-from rlctl.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
+from rlctl.data.frames import frame_stack_depth, parse_rollout_frames, rebuild_stacks
 
 
 def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
@@ -35,7 +35,7 @@ def rollout_buffer_bytes(job, info: SpaceInfo) -> int:
 class RolloutCheck:
     """Whether a decoded message is a rollout of the job's layout: the fields, shapes and dtypes, a collector's
     sender, actions in range, floats finite. With `frame_stack` S > 0 the (S, H, W) `obs` travel as `frames` and
-    `obs_frame` stack starts (rlctl.frames)."""
+    `obs_frame` stack starts (rlctl.data.frames)."""
 
     def __init__(self, layout: dict, n_actions: int, frame_stack: int = 0):
         self.layout, self.n_actions = dict(layout), n_actions

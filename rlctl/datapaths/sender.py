@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import zmq
 
-from rlctl import wire
+from rlctl.net import wire
 
 if TYPE_CHECKING:
     from rlctl.roles.context import StopFlag

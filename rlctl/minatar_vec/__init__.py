@@ -4,7 +4,7 @@ MinAtar's own classes step one env per Python call (5-36 us a step here, more th
 these step every env of a collector in one call. `attach_vector_entry_points` makes them the `vector_entry_point`
 of MinAtar's gymnasium ids, so `env.vectorization = "auto"` picks them as it picks gymnasium's own vectorized
 CartPole, while `gymnasium.make` (one env: evaluation, videos) and `vectorization = "sync"` keep MinAtar's classes.
-Imported by rlctl.spec (registration) and by gymnasium when a vector env is made; imports only numpy and gymnasium.
+Imported by rlctl.job.spec (registration) and by gymnasium when a vector env is made; imports only numpy and gymnasium.
 """
 
 from __future__ import annotations

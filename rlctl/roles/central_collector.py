@@ -19,7 +19,7 @@ import zmq
 
 from rlctl import events
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.envs import SpaceInfo, env_space_info, make_vec_env
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main

@@ -16,14 +16,14 @@ import torch
 
 from rlctl import events
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos import build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.datapaths.sender import ExperienceSender
 from rlctl.envs import env_space_info, make_vec_env
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, schedule_as_batch, set_torch_threads
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
-from rlctl.weights import WeightSubscriber
+from rlctl.net.weights import WeightSubscriber
 
 
 def build_actor(rc: RoleContext, info, model: torch.nn.Module, num_envs: int) -> ActorCore:

@@ -16,9 +16,9 @@ import zmq
 
 from rlctl import events
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.rundir import pid_alive
-from rlctl.spec import JobSpec, load_job
+from rlctl.job.spec import JobSpec, load_job
 from rlctl.tether import SUPERVISOR_PID_ENV
 
 
@@ -183,7 +183,7 @@ def set_torch_threads() -> int:
     returns the count."""
     import torch
 
-    from rlctl.plan import torch_threads
+    from rlctl.launch.plan import torch_threads
 
     n = torch_threads(os.environ.get("RLCTL_TORCH_THREADS"), int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     torch.set_num_threads(n)
@@ -202,7 +202,7 @@ def each_thread(apply) -> None:
 def pin_cores() -> list[int] | None:
     """Pin every thread of this process to the cores the plan's RLCTL_LEARNER_CORES gives its role (threads made
     later inherit them); returns them, or None where nothing is pinned."""
-    from rlctl.plan import pinned_cores, usable_cpu_ids
+    from rlctl.launch.plan import pinned_cores, usable_cpu_ids
 
     env = os.environ
     if not env.get("RLCTL_LEARNER_CORES") or not hasattr(os, "sched_setaffinity"):
@@ -233,13 +233,13 @@ def role_main(run) -> None:
 
     After a clean return (sockets closed, checkpoints written and renamed) the process exits at once: the
     interpreter's teardown of torch and friends takes 0.3-1 s under load, which every stop would wait for
-    (torchrun only notices a worker's exit after it). A worker forked by torchrun's agent (`rlctl.torchrun`)
+    (torchrun only notices a worker's exit after it). A worker forked by torchrun's agent (`rlctl.launch.torchrun`)
     returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
     """
     stop = StopFlag()
     cores = pin_cores()
     if cores is not None:
-        from rlctl.plan import core_ranges
+        from rlctl.launch.plan import core_ranges
 
         print(f"{os.environ.get('RLCTL_ROLE')} (pid {os.getpid()}): pinned to CPU cores {core_ranges(cores)}",
               flush=True)

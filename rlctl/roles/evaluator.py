@@ -12,13 +12,13 @@ import numpy as np
 import torch
 
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos import build_model
 from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.weights import WeightSubscriber
+from rlctl.net.weights import WeightSubscriber
 from rlctl.checkpoint import save_checkpoint
-from rlctl.spec import EnvSpec, resolved_dict
+from rlctl.job.spec import EnvSpec, resolved_dict
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,

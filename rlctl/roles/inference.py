@@ -29,13 +29,13 @@ import torch
 import zmq
 
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos import build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.control import collector_index
-from rlctl.weights import WeightSubscriber
+from rlctl.net.control import collector_index
+from rlctl.net.weights import WeightSubscriber
 
 ACTIVE_S = 1.0  # a collector heard from within this long is one a batch waits for (up to the deadline)
 SESSION_IDLE_S = 60.0  # a session silent this long, with no request being served, is forgotten (its collector is gone)

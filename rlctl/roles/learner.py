@@ -21,15 +21,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from rlctl import events
 from rlctl import metric_names as M
-from rlctl import wire
+from rlctl.net import wire
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
-from rlctl.netif import pin_collective_interface
+from rlctl.launch.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.spec import resolved_dict
-from rlctl.weights import WeightPublisher
+from rlctl.job.spec import resolved_dict
+from rlctl.net.weights import WeightPublisher
 
 # While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
 # before a subscription completes): soon at first, then backing off to once a second.

@@ -17,11 +17,11 @@ import zmq
 
 from rlctl import events
 from rlctl import metric_names as M
-from rlctl import wire
-from rlctl.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
+from rlctl.net import wire
+from rlctl.data.buffers import PrioritizedReplay, SnapshotError, load_snapshot, save_snapshot
 from rlctl.datapaths.replay import MAX_SAMPLE
 from rlctl.envs import SpaceInfo, probe_space_info
-from rlctl.frames import FrameReplay, frame_capacity, frame_stack_depth, parse_frame_items
+from rlctl.data.frames import FrameReplay, frame_capacity, frame_stack_depth, parse_frame_items
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
 
 MAX_ITEMS = 1 << 20  # items one experience message may carry (a collector sends a few thousand)
@@ -36,7 +36,7 @@ class ReplayShard:
         # What one item is (an n-step transition, a sequence), from the env spaces: the only layout accepted.
         self.expected = {k: (tuple(shape), np.dtype(dt))
                          for k, (shape, dt) in rc.job.algorithm_entry.load("actor").item_layout(rc.job, info).items()}
-        # Frame-stack observations (the atari preset) are stored one frame each (rlctl.frames).
+        # Frame-stack observations (the atari preset) are stored one frame each (rlctl.data.frames).
         self.frame_stack = frame_stack_depth(rc.job, info)
         self.buffer: PrioritizedReplay | FrameReplay | None = None
         self.fields: dict[str, tuple[tuple[int, ...], np.dtype]] = {}

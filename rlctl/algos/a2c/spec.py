@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rlctl.algos.onpolicy.spec import OnPolicySpec
-from rlctl.specbase import Fraction, LearningRate
+from rlctl.job.specbase import Fraction, LearningRate
 
 
 class A2CSpec(OnPolicySpec):

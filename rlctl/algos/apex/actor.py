@@ -7,7 +7,7 @@ import torch
 
 from rlctl.algos.apex.dqn import ChunkedNStep, EpsilonGreedy, collector_epsilons
 from rlctl.algos.base import ActorCore, ActorSetup, Block
-from rlctl.frames import MIN_FRAME_CHUNK_STEPS, frame_stack_depth
+from rlctl.data.frames import MIN_FRAME_CHUNK_STEPS, frame_stack_depth
 from rlctl.models import QNetwork
 
 MIN_CHUNK_STEPS = 64
@@ -33,7 +33,7 @@ class ApexActor(ActorCore):
         self.explore = EpsilonGreedy(self.eps, info.n_actions, np.random.default_rng(setup.seed))
         # One chunk = one send batch: n-step returns and priorities are computed per chunk, not per step; and at
         # least MIN_CHUNK_STEPS steps, so that per-chunk costs stay small beside the steps also with many envs.
-        # Frame stacks travel and are stored one frame each (rlctl.frames), in longer chunks, so that the frames a
+        # Frame stacks travel and are stored one frame each (rlctl.data.frames), in longer chunks, so that the frames a
         # chunk re-sends (its carry, its first stacks) stay few.
         frame_stack = frame_stack_depth(setup.job, info)
         chunk = max(-(-algo.send_batch // n_envs), MIN_FRAME_CHUNK_STEPS if frame_stack else MIN_CHUNK_STEPS)

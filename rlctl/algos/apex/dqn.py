@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlctl.envs import autoreset_valid
-from rlctl.frames import frame_table
+from rlctl.data.frames import frame_table
 
 
 def epsilon_ladder(num_actors: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
@@ -150,7 +150,7 @@ class ChunkedNStep:
 
     With `frame_stack` S (observations are S-frame stacks; needs `n_actions`), `take` sends each frame of the
     chunk once: `frames` and, per transition, `obs_frame` / `next_frame`, where its stacks start in `frames`
-    (rlctl.frames), instead of `obs` / `next_obs`.
+    (rlctl.data.frames), instead of `obs` / `next_obs`.
     """
 
     def __init__(self, num_envs: int, n: int, gamma: float, obs_shape: tuple[int, ...], obs_dtype=np.float32,

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from rlctl.specbase import Discount, LearningRate, PosInt, Section
+from rlctl.job.specbase import Discount, LearningRate, PosInt, Section
 
 
 class ApexSpec(Section):

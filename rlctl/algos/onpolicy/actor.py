@@ -9,7 +9,7 @@ import torch
 
 from rlctl.algos.base import ActorCore, ActorSetup, Block
 from rlctl.envs import SpaceInfo, autoreset_valid
-from rlctl.frames import frame_stack_depth, rollout_frames
+from rlctl.data.frames import frame_stack_depth, rollout_frames
 from rlctl.models import ActorCritic
 
 
@@ -64,7 +64,7 @@ class RolloutActor(ActorCore):
         self.device = next(self.model.parameters()).device  # an inference server's may be a GPU
         self.T, self.n_envs, self.info = job.algorithm.rollout_len, setup.num_envs, info
         self.synchronous = job.algorithm_entry.synchronous
-        self.frame_stack = frame_stack_depth(job, info)  # > 0: obs travel as frames sent once (rlctl.frames)
+        self.frame_stack = frame_stack_depth(job, info)  # > 0: obs travel as frames sent once (rlctl.data.frames)
         self.low = None if info.discrete else np.asarray(info.action_low, np.float32).reshape(info.action_shape)
         self.high = None if info.discrete else np.asarray(info.action_high, np.float32).reshape(info.action_shape)
         self.prev_done = np.zeros(self.n_envs, dtype=bool)

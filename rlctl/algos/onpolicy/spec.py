@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from rlctl.specbase import Coef, Discount, Fraction, LearningRate, PosInt, Section
+from rlctl.job.specbase import Coef, Discount, Fraction, LearningRate, PosInt, Section
 
 
 BatchSteps = Annotated[int, Field(ge=1, le=1 << 24)]

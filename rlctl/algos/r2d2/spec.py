@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from rlctl.specbase import Discount, Fraction, LearningRate, PosInt, Section
+from rlctl.job.specbase import Discount, Fraction, LearningRate, PosInt, Section
 
 SeqSteps = Annotated[int, Field(ge=1, le=4096)]
 

@@ -1,0 +1,401 @@
+"""JobSpec -> LaunchPlan: every process, host, argv, environment and port, as pure data.
+
+`make_plan` is a pure function of its inputs (the job, the run directory and
+the base port), so `rlctl plan` shows exactly what `rlctl run` will start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import zlib
+from dataclasses import asdict, dataclass, field
+
+from rlctl.datapaths import DATA_PATHS
+from rlctl.launch.hosts import SECRET_ENV, control_socket, launcher_for
+from rlctl.launch.ports import PortLayout
+from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
+from rlctl.job.spec import AUTO_PORTS, SECRET_MASK, HostSpec, JobSpec
+
+ROLE_MODULES = {
+    **{path.shard_role: path.shard_module for path in DATA_PATHS.values() if path.shard_role},
+    "learner": "rlctl.roles.learner",
+    "collector": "rlctl.roles.collector",
+    "evaluator": "rlctl.roles.evaluator",
+    "inference": "rlctl.roles.inference",
+}
+# With central inference collectors run this module instead: it steps envs only and imports no torch.
+CENTRAL_COLLECTOR_MODULE = "rlctl.roles.central_collector"
+# Roles the supervisor does not restart: learner ranks are restarted by torchrun (topology.learner_max_restarts),
+# and the end of torchrun ends the run. The others are restarted up to topology.max_restarts within a window.
+CRITICAL_ROLES = frozenset({"learner"})
+# Roles that write checkpoints (latest.pt and ckpt-N.pt; best.pt): on a remote host they are fetched at the end.
+CHECKPOINT_ROLES = frozenset({"learner", "evaluator"})
+LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Blueprint of one process ("as a class is to an object"): the running one is a process_table.ProcessHandle."""
+
+    name: str
+    role: str
+    rank: int
+    host: str
+    argv: list[str]
+    env: dict[str, str]
+    binds: dict[str, str] = field(default_factory=dict)
+    critical: bool = False
+    remote: bool = False  # started over SSH: argv is the `ssh` command, env is what the remote side gets
+    secret_keys: tuple[str, ...] = ()  # env keys whose values are secrets (the host's own env): never shown or on argv
+    command: tuple[str, ...] = ()  # what runs on the host, before its launcher (ssh, srun) wraps it into argv
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything `rlctl run` will start, rendered before anything starts."""
+
+    job: str
+    algorithm: str
+    run_id: str
+    run_dir: str
+    bind_host: str
+    base_port: int
+    endpoints: dict[str, object]
+    hosts: list[dict]
+    processes: list[ProcessSpec]
+    board_token: str = ""  # random part of the names others must not guess: weight board, remote control sockets
+
+    def to_dict(self, mask_secrets: bool = True) -> dict:
+        """Plain data (for plan.json and `rlctl plan --json`), secrets masked."""
+        data = asdict(self)
+        for proc in data["processes"]:
+            proc["secret_keys"], proc["command"] = list(proc["secret_keys"]), list(proc["command"])  # as JSON has them
+            for key in proc["env"]:
+                if mask_secrets and (key in SECRET_ENV or key in proc["secret_keys"]):
+                    proc["env"][key] = SECRET_MASK
+        return data
+
+    def to_json(self, mask_secrets: bool = True) -> str:
+        """JSON text of to_dict()."""
+        return json.dumps(self.to_dict(mask_secrets), indent=1)
+
+    def ports(self) -> list[int]:
+        """Every port the job binds."""
+        return sorted({int(ep.rsplit(":", 1)[1]) for p in self.processes for ep in p.binds.values()})
+
+
+def ports_needed(spec: JobSpec) -> int:
+    """Size of the job's contiguous port range (JobSpec.port_count, which validation checks against 65535)."""
+    return spec.port_count
+
+
+def auto_bases(spec: JobSpec) -> range:
+    """The bases `network.base_port = 0` may pick: every 16th port from which the job's range fits in AUTO_PORTS."""
+    low, high = AUTO_PORTS
+    return range(low, high - ports_needed(spec) + 1, 16)
+
+
+def default_base_port(spec: JobSpec) -> int:
+    """A per-job default port, stable for the same job name (so plans are reproducible)."""
+    bases = auto_bases(spec)
+    return bases[zlib.crc32(spec.job.name.encode()) % len(bases)]
+
+
+def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
+    """The job's base port: the configured one, else the first range that is free now, from the per-job default."""
+    if spec.network.base_port:
+        return spec.network.base_port
+    need, bases = ports_needed(spec), auto_bases(spec)
+    first = bases.index(default_base_port(spec))
+    for i in range(len(bases)):
+        base = bases[(first + i) % len(bases)]
+        if all(port_free(host, base + k) for k in range(need)):
+            return base
+    raise RuntimeError(f"no free range of {need} ports within {AUTO_PORTS[0]}-{AUTO_PORTS[1] - 1}; set "
+                       "network.base_port")
+
+
+def placement(spec: JobSpec) -> list[HostSpec]:
+    """The hosts and what runs on each; without [[hosts]] everything runs on localhost."""
+    if spec.hosts:
+        return list(spec.hosts)
+    topo = spec.topology
+    return [LOCAL_HOST.model_copy(update={
+        "collectors": topo.collectors,
+        "replay_shards": spec.replay_shard_count,
+        "evaluator": topo.evaluator,
+    })]
+
+
+def machine_warnings(spec: JobSpec, cpus: int) -> list[str]:
+    """What the launching machine (`cpus` cores) cannot run well, each with its cause and a suggestion. Pure."""
+    local = [h for h in placement(spec) if h.is_local]
+    if not local:
+        return []
+    node_procs = dict(zip([h.name for h in placement(spec) if h.learner], spec.learner_node_procs))
+    learners = sum(node_procs.get(h.name, 0) for h in local)
+    collectors = sum(h.collectors for h in local)
+    procs = learners + collectors + sum(h.replay_shards for h in local) + sum(h.evaluator for h in local)
+    out = []
+    if learners > cpus:
+        out.append(f"{learners} learner processes on this machine's {cpus} cores: DDP ranks wait for the slowest, "
+                   f"so each update runs at a fraction of a core; give learner_procs at most {cpus}")
+    if procs > 2 * cpus and collectors > cpus:
+        envs = collectors * spec.env.envs_per_collector
+        fewer = max(cpus, spec.data_path.min_collectors(spec))
+        out.append(f"{procs} processes on this machine's {cpus} cores: {collectors} collectors take CPU from the "
+                   f"learner and switch among themselves. The same {envs} envs step as fast as collectors = {fewer}, "
+                   f"envs_per_collector = {-(-envs // fewer)} (one batched forward per step serves every env of a "
+                   "collector)")
+    if spec.topology.learner_cores == "dedicated":
+        for h in local:
+            ranks = node_procs.get(h.name, 0)
+            threads = spec.topology.learner_threads or auto_threads(cpus, other_processes(spec, h), ranks)
+            if ranks and ranks * threads >= cpus:
+                out.append(f"topology.learner_cores = \"dedicated\": {ranks} learner rank(s) x {threads} torch "
+                           f"thread(s) would take all of this machine's {cpus} cores, so nothing is pinned; give "
+                           "fewer learner_procs or learner_threads")
+    return out
+
+
+def job_warnings(spec: JobSpec) -> list[str]:
+    """What in the job itself works against learning, each with its cause and a suggestion. Pure."""
+    return spec.data_path.warnings(spec)
+
+
+class Addressing:
+    """Where each host is reached and what it binds: loopback for an all-local job, else each host's advertised
+    address (or what `addresses` resolved its destination to), binding it or every interface."""
+
+    def __init__(self, hosts: list[HostSpec], addresses: dict[str, str] | None):
+        self.all_local = all(h.is_local for h in hosts)
+        self.addresses = addresses or {}
+
+    def addr(self, h: HostSpec) -> str:
+        """The address other hosts reach `h` at."""
+        if self.all_local:
+            return "127.0.0.1"
+        return h.advertise_address or self.addresses.get(h.name) or h.destination
+
+    def bind(self, h: HostSpec) -> str:
+        """The address `h`'s servers bind."""
+        return "127.0.0.1" if self.all_local else (h.advertise_address or "0.0.0.0")
+
+
+class ProcessBuilder:
+    """Renders ProcessSpecs: the environment every process gets, the host's launcher around the command."""
+
+    def __init__(self, spec: JobSpec, hosts: list[HostSpec], run_id: str, net: Addressing, base_env: dict[str, str],
+                 control: str, control_port: int, board: str | None, subscribers: set[str], python: str | None,
+                 board_token: str):
+        self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
+        self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
+        self.python, self.board_token = python, board_token
+        self.learner_nodes = [h for h in hosts if h.learner]
+        self.head = self.learner_nodes[0]
+        self.processes: list[ProcessSpec] = []
+
+    def add(self, role: str, rank: int, h: HostSpec, module: str, binds: dict[str, str],
+            argv: list[str] | None = None) -> None:
+        """One process of `role` on `h` running `python -m module` (or `argv`), binding `binds`."""
+        name, spec = f"{role}-{rank}", self.spec
+        node_procs = spec.learner_node_procs
+        env = {**self.base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
+               "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
+               "RLCTL_TORCH_THREADS": self.learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
+        if spec.topology.learner_cores == "dedicated" and h.learner:
+            node = next(i for i, n in enumerate(self.learner_nodes) if n is h)
+            env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{self.learner_threads(h, node_procs[node])}"
+        if self.board and h is self.head and (role == "learner" or role in self.subscribers):
+            env["RLCTL_WEIGHT_BOARD"] = self.board
+        # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
+        # otherwise listen on whatever the host name resolves to).
+        env["RLCTL_ADVERTISE"] = self.net.addr(h)
+        if not h.is_local:
+            # The job file arrives on the session's stdin; the run's files live under the host's workdir.
+            remote_dir = remote_run_dir(self.run_id)
+            env.update(RLCTL_JOB=f"{remote_dir}/job.toml", RLCTL_CHECKPOINT_DIR=remote_checkpoint_dir(self.run_id),
+                       RLCTL_CONTROL=self.control if h.slurm_job is not None
+                       else f"ipc://{control_socket(self.run_id, name, self.board_token)}")
+        py = self.python if (self.python and h.is_local) else h.python
+        secret = tuple(sorted(h.env))
+        command = [py if a == "{python}" else a for a in (argv or ["{python}", "-m", module])]
+        full = launcher_for(h).argv(h, command, env, self.control_port, frozenset(secret))
+        self.processes.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES,
+                                          not h.is_local, secret, tuple(command)))
+
+    def learner_threads(self, h: HostSpec, ranks: int) -> str:
+        """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
+        processes (one thread each) shared by its ranks: counted here for this machine, on the host for others."""
+        if self.spec.topology.learner_threads:
+            return str(self.spec.topology.learner_threads)
+        others = other_processes(self.spec, h)
+        return str(auto_threads(usable_cpus(), others, ranks)) if h.is_local else f"auto:{others}"
+
+    def add_learners(self, ports: PortLayout, rendezvous: str, rank_binds: dict[int, dict[str, str]]) -> None:
+        """One torchrun agent per learner node. Static rendezvous: ranks are numbered node after node in node-rank
+        order, so the plan knows which node holds each rank (rank 0 binds the weights port) before anything starts.
+        rlctl.launch.torchrun is torchrun with its workers forked from the agent (torch imported once, not twice)."""
+        spec, node_procs = self.spec, self.spec.learner_node_procs
+        for node, h in enumerate(self.learner_nodes):
+            argv = ["{python}", "-m", "rlctl.launch.torchrun",
+                    "--nnodes", str(len(self.learner_nodes)), "--nproc-per-node", str(node_procs[node]),
+                    "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", rendezvous,
+                    "--rdzv-id", self.run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
+                    "--monitor-interval", "0.02",
+                    "--start-method", "fork",
+                    "-m", ROLE_MODULES["learner"]]
+            bind = self.net.bind(h)
+            binds = {"weights": f"tcp://{bind}:{ports.weights}", "rendezvous": f"{bind}:{ports.rendezvous}"}
+            first = sum(node_procs[:node])
+            for rank in range(first, first + node_procs[node]):
+                binds.update(rank_binds.get(rank, {}))
+            self.add("learner", node, h, ROLE_MODULES["learner"], binds, argv)
+
+
+def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
+              keys_env: str = SECRET_MASK, addresses: dict[str, str] | None = None,
+              board_token: str = "", control_address: str = "127.0.0.1") -> LaunchPlan:
+    """Render the launch plan. Pure: the same inputs give the same plan.
+
+    `addresses` (host name -> address) says where hosts without an `advertise_address` are reached, e.g. what
+    their SSH destinations resolve to (`hosts.ssh_hostnames`); default: the destination itself.
+    `control_address`: where Slurm steps reach the supervisor's control socket (an SSH session forwards it instead).
+    """
+    hosts = placement(spec)
+    net = Addressing(hosts, addresses)
+    ports = PortLayout(spec, base_port)
+    head = next(h for h in hosts if h.learner)
+    data = spec.data_path.plan(spec, hosts, ports.data, net.addr, net.bind)
+    # Central inference: servers on the learner hosts, each with its request port; collector c asks server c % n.
+    servers = [h for h in hosts if h.learner for _ in range(spec.inference.servers_per_host if spec.central_inference
+                                                            else 0)]
+    # The supervisor's control socket lives on the launching machine: on loopback, where SSH sessions forward it;
+    # Slurm steps connect to it (as srun's own steps do to srun) at the address the nodes route to.
+    slurm = any(h.slurm_job is not None for h in hosts)
+    control = f"tcp://{control_address if slurm else '127.0.0.1'}:{ports.control}"
+    endpoints: dict[str, object] = {"control": control, "weights": f"tcp://{net.addr(head)}:{ports.weights}",
+                                    "rendezvous": f"{net.addr(head)}:{ports.rendezvous}", **data.endpoints}
+    if servers:
+        endpoints["inference"] = [f"tcp://{net.addr(h)}:{p}" for h, p in zip(servers, ports.inference)]
+    base_env = {
+        "RLCTL_RUN_ID": run_id,
+        "RLCTL_JOB": f"{run_dir}/job.toml",
+        "RLCTL_CHECKPOINT_DIR": f"{run_dir}/checkpoints",
+        "RLCTL_ENDPOINTS": json.dumps(endpoints, sort_keys=True, separators=(",", ":")),
+        "RLCTL_CURVE_KEYS": keys_env,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.net.weights), when there are any.
+    # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
+    subscribers = {"evaluator", "inference"} if servers else {"evaluator", "collector"}
+    board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
+    build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
+                           board_token)
+    for p in data.processes:
+        build.add(p.role, p.rank, p.host, p.module, p.binds)
+    build.add_learners(ports, str(endpoints["rendezvous"]), data.rank_binds)
+    for rank, h in enumerate(h for h in hosts if h.evaluator):
+        build.add("evaluator", rank, h, ROLE_MODULES["evaluator"], {})
+    for rank, (h, p) in enumerate(zip(servers, ports.inference)):
+        build.add("inference", rank, h, ROLE_MODULES["inference"], {"inference": f"tcp://{net.bind(h)}:{p}"})
+    collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES["collector"]
+    for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
+        build.add("collector", rank, h, collector_module, {})
+    return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
+                      base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
+
+
+def host_rows(hosts: list[HostSpec], net: Addressing) -> list[dict]:
+    """The plan's table of hosts: where each is reached, how, and what runs there."""
+    return [{"name": h.name, "destination": h.destination, "local": h.is_local, "address": net.addr(h),
+             "via": "local" if h.is_local else "slurm" if h.slurm_job is not None else "ssh",
+             "learner": h.learner, "collectors": h.collectors, "replay_shards": h.replay_shards,
+             "evaluator": h.evaluator} for h in hosts]
+
+
+def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
+    """A collector of a lost Slurm node, placed on another node of the allocation (reached at `address`): the same
+    process and keys, weights over the network (the head's shared-memory board is for its own host)."""
+    env = {k: v for k, v in proc.env.items() if k != "RLCTL_WEIGHT_BOARD"}
+    env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
+    argv = launcher_for(host).argv(host, list(proc.command), env, 0, frozenset(proc.secret_keys))
+    return dataclasses.replace(proc, host=host.name, argv=argv, env=env)
+
+
+def usable_cpu_ids() -> list[int]:
+    """The CPUs this process may run on, in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on."""
+    return len(usable_cpu_ids())
+
+
+def other_processes(spec: JobSpec, h: HostSpec) -> int:
+    """The rlctl processes on host `h` that run while its learner ranks update (one torch thread each): a synchronous
+    algorithm's collectors wait for the next weights meanwhile, so they leave the learner their cores (a PPO update
+    on MinAtar with 2 threads instead of 1: 145 ms instead of 192 here)."""
+    servers = spec.inference.servers_per_host if spec.central_inference and h.learner else 0
+    collectors = 0 if spec.algorithm_entry.synchronous else h.collectors
+    return collectors + h.replay_shards + int(h.evaluator) + servers
+
+
+def auto_threads(cpus: int, others: int, ranks: int) -> int:
+    """torch threads per learner rank: the CPUs left after `others` single-threaded processes, over `ranks`."""
+    return max(1, (cpus - others) // max(1, ranks))
+
+
+def torch_threads(value: str | None, local_ranks: int = 1, cpus: int | None = None) -> int:
+    """A process's RLCTL_TORCH_THREADS ("N", or "auto:OTHERS" to count on this host, of `cpus` or its usable CPUs)
+    as a thread count."""
+    value = value or "1"
+    if value.startswith("auto:") and value[5:].isdigit():
+        return auto_threads(usable_cpus() if cpus is None else cpus, int(value[5:]), local_ranks)
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def pinned_cores(value: str | None, role: str, local_rank: int, usable: list[int]) -> list[list[int]] | None:
+    """The CPU sets of `topology.learner_cores = "dedicated"` for one process, out of the host's `usable` CPUs.
+
+    `value` is the plan's RLCTL_LEARNER_CORES, "RANKS:THREADS" (THREADS as in RLCTL_TORCH_THREADS), given to every
+    process on a learner host. Learner rank i takes THREADS cores of its own, usable[i*THREADS:(i+1)*THREADS]; the
+    host's other processes share the rest. One set per local learner rank for role "learner" with local_rank < 0
+    (how the plan shows a node's ranks), else one set. None: nothing pinned (too few cores, or a malformed value).
+    """
+    ranks, colon, threads_value = (value or "").partition(":")
+    if not colon or not ranks.isdigit() or int(ranks) < 1:
+        return None
+    ranks_n = int(ranks)
+    threads = torch_threads(threads_value, ranks_n, len(usable))
+    reserved = ranks_n * threads
+    if reserved >= len(usable):
+        return None
+    if role != "learner":
+        return [usable[reserved:]]
+    sets = [usable[i * threads:(i + 1) * threads] for i in range(ranks_n)]
+    return sets if local_rank < 0 else [sets[local_rank]] if local_rank < ranks_n else None
+
+
+def core_ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (as taskset and /proc/self/status write CPU lists)."""
+    spans: list[list[int]] = []
+    for c in sorted(cpus):
+        if spans and c == spans[-1][1] + 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def local_python() -> str:
+    """The interpreter running rlctl (local processes use the same one)."""
+    return sys.executable

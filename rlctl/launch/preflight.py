@@ -1,0 +1,71 @@
+"""Before anything starts: every remote host of a plan checked at once, each failure named with its host and cause.
+
+A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has
+torch where a torch role runs), and the ports the plan binds there are free. Nothing is started anywhere, so a failed check leaves nothing
+to clean up.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import rlctl
+from rlctl.launch.hosts import last_json_line, on_hosts, private_dir, ssh_failure
+from rlctl.launch.plan import LaunchPlan, placement
+from rlctl.job.spec import HostSpec, JobSpec
+
+PREFLIGHT_TIMEOUT_S = 30.0
+TORCH_ROLES = frozenset({"learner", "collector", "evaluator", "inference"})
+
+
+def host_ports(plan: LaunchPlan, host: str) -> list[int]:
+    """Ports the plan binds on one host."""
+    return sorted({int(ep.rsplit(":", 1)[1]) for p in plan.processes if p.host == host for ep in p.binds.values()})
+
+
+def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) -> str | None:
+    """What is wrong with one host, from its `rlctl.launch.remote check` run; None when it is fit."""
+    where = f"host {h.name} ({h.destination}{':' + str(h.port) if h.port else ''})"
+    err = proc.stderr.decode("utf-8", "replace")
+    if h.slurm_job is not None:
+        where = f"node {h.name} (Slurm job {h.slurm_job})"
+        if proc.returncode != 0 and "srun: error" in err:
+            return f"{where}: srun could not start a step there: {ssh_failure(proc)}"
+    if proc.returncode == 255:
+        return f"{where}: cannot connect over SSH: {ssh_failure(proc)}"
+    if proc.returncode == 124:
+        return f"{where}: {ssh_failure(proc)}"
+    if proc.returncode == 127 or ("not found" in err and "rlctl" not in err):
+        return f"{where}: python {h.python!r} not found there: {ssh_failure(proc)}"
+    if "No module named" in err:
+        return f"{where}: rlctl is not installed for {h.python} there ({ssh_failure(proc)}); install rlctl {rlctl.__version__}"
+    facts = last_json_line(proc.stdout)
+    if proc.returncode != 0 or facts is None:
+        return f"{where}: check failed: {ssh_failure(proc)}"
+    if facts.get("rlctl") != rlctl.__version__:
+        return f"{where}: rlctl {facts.get('rlctl')} there, {rlctl.__version__} here; install the same version"
+    if needs_torch and not facts.get("torch"):
+        return f"{where}: torch is not importable by {h.python} there"
+    if facts.get("private_error"):
+        return f"{where}: {facts['private_error']}"
+    if facts.get("busy"):
+        return (f"{where}: ports {', '.join(map(str, facts['busy']))} are in use there; set network.base_port "
+                "to a free range")
+    return None
+
+
+def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIMEOUT_S) -> list[str]:
+    """Check every remote host in parallel; one message per failing host (empty when all are fit)."""
+    remote = [h for h in placement(spec) if not h.is_local]
+    # Collectors of central inference load no torch: a host of only those needs none.
+    roles = {h.name: {p.role for p in plan.processes if p.host == h.name
+                      and not (p.role == "collector" and spec.central_inference)} for h in remote}
+
+    def args(h: HostSpec) -> list[str]:
+        bind = h.advertise_address or "0.0.0.0"
+        private = ["--private-dir", private_dir(plan.board_token)] if plan.board_token else []
+        return ["check", "--ports", ",".join(map(str, host_ports(plan, h.name))), "--bind", bind, *private]
+
+    results = on_hosts(remote, args, timeout=timeout)
+    problems = [diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES)) for h in remote]
+    return [p for p in problems if p]

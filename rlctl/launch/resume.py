@@ -1,0 +1,126 @@
+"""`rlctl run --resume`: which job a stopped, failed, lost or finished run continues with, and from which counters.
+
+The learner and replay shards continue by themselves from what the run directory holds (the newest checkpoint,
+each shard's snapshot); this module decides what may change between segments and carries the run-level counters
+(env steps, episodes, TensorBoard's step axis) over to the next supervisor.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, group_alive, resolve_run, runs_root, status_of
+from rlctl.job.spec import JobSpec, host_secrets, load_job, resolved_dict, validate_job, with_host_secrets
+
+# What a resumed run may change: its stop criteria, how many of each process run, and where.
+RESUMABLE_KEYS = ("job.stop.", "topology.collectors", "topology.learner_procs", "topology.replay_shards",
+                  "topology.evaluator", "env.envs_per_collector", "hosts")
+STOP_CRITERIA = ("eval_return", "train_return", "env_steps")  # what --until replaces (wall_s stays unless given)
+
+
+class ResumeRefused(Exception):
+    """The run cannot be resumed as asked (the message says why)."""
+
+
+def changed_keys(old: object, new: object, prefix: str = "") -> list[str]:
+    """Dotted key paths where two resolved job dicts differ (lists compare whole)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            out += changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+def refused_changes(old: JobSpec, new: JobSpec) -> list[str]:
+    """The changed key paths that a resumed run may not change."""
+    return [k for k in changed_keys(resolved_dict(old), resolved_dict(new))
+            if not any(k == allowed or k.startswith(allowed) for allowed in RESUMABLE_KEYS)]
+
+
+def parse_until(items: list[str]) -> dict[str, object]:
+    """`--until key=value` items -> new [job.stop] entries; ResumeRefused naming a bad item."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise ResumeRefused(f"--until {item!r}: expected KEY=VALUE, e.g. env_steps=500000")
+        try:
+            value: object = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise ResumeRefused(f"--until {item!r}: {text!r} is not a number") from None
+        out[key] = value
+    return out
+
+
+def job_for_resume(old: JobSpec, new: JobSpec | None, until: dict[str, object], source: str) -> JobSpec:
+    """The job the next segment runs: `new` (only resumable keys changed) or the old one, with `until`'s criteria
+    replacing the stop criteria. JobFileError for invalid values, ResumeRefused for refused changes."""
+    spec = new or old
+    refused = refused_changes(old, spec)
+    if refused:
+        raise ResumeRefused(f"{source} changes {', '.join(refused)}; a resumed run may change only its stop "
+                            f"criteria ([job.stop]), topology counts and hosts")
+    if not until:
+        return spec
+    data = resolved_dict(spec)  # masks hosts[].env: they go back in below, or the masks would reach the processes
+    stop = data["job"]["stop"]
+    for key in STOP_CRITERIA:
+        stop[key] = None
+    stop.update(until)
+    return with_host_secrets(validate_job(data, "--until"), host_secrets(spec))
+
+
+def previous_segment(rundir: RunDir) -> dict:
+    """What the next supervisor continues from: env steps, episodes and the segments so far. ResumeRefused while
+    the run (or a process of it) is still alive."""
+    state = rundir.read_state()
+    if state is None:
+        raise ResumeRefused(f"{rundir.run_id} has no readable state.json")
+    status = status_of(state)
+    if status not in OVER_STATES:
+        raise ResumeRefused(f"{rundir.run_id} is {status} (supervisor pid {state.get('supervisor_pid')}); "
+                            f"stop it first: rlctl stop {rundir.run_id}")
+    alive = [p.get("name") for p in state.get("processes", [])
+             if not p.get("remote") and isinstance(p.get("pgid"), int) and p["pgid"] > 1 and group_alive(p["pgid"])]
+    if alive:
+        raise ResumeRefused(f"processes of {rundir.run_id} are still running: {', '.join(map(str, alive))}")
+    metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
+    segments = state.get("segments")
+    if not isinstance(segments, list):
+        segments = [{"started_at": state.get("started_at"), "ended_at": state.get("ended_at")}]
+    return {"env_steps": _count(metrics.get("charts/env_steps")), "episodes": _count(metrics.get("charts/episodes")),
+            "segments": [s for s in segments if isinstance(s, dict)], "status": status}
+
+
+def _count(value: object) -> int:
+    return int(value) if isinstance(value, (int, float)) and value >= 0 else 0
+
+
+
+def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None,
+                   until: list[str]) -> tuple[RunDir, JobSpec, dict, RunLock]:
+    """(run dir, job, what the next segment continues from, the run's lock) for `run --resume`. The caller lets the
+    lock go once the run's state says "created": a second resume then finds the run taken. RunNotFound, JobFileError
+    or ResumeRefused (a run another command holds too) say what is refused."""
+    rundir = resolve_run(runs_root(runs_dir), run)
+    try:
+        lock = rundir.lock()
+    except RunBusy as exc:
+        raise ResumeRefused(str(exc)) from None
+    try:
+        resumed = previous_segment(rundir)
+        old = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
+        new = load_job(job_file) if job_file is not None else None
+        spec = job_for_resume(old, new, parse_until(until), str(job_file or "--until"))
+    except BaseException:
+        lock.release()
+        raise
+    print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
+          file=sys.stderr)
+    return rundir, spec, resumed, lock

@@ -1,0 +1,106 @@
+"""The control router: the supervisor's end of the control channel (a CURVE ROUTER socket).
+
+Each message is parsed (control.parse_control), authenticated (its sender is the process whose key CURVE
+authenticated, never what its header claims) and dispatched to the handler of its kind; what fails any step is
+dropped and counted (`net/dropped`), and the supervisor goes on. The router also remembers each sender's ROUTER
+identity, so that learner ranks can be told to stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable
+
+import zmq
+
+from rlctl.net import wire
+from rlctl.net.control import ControlError, ControlMessage, parse_control
+
+if TYPE_CHECKING:
+    from rlctl.launch.plan import ProcessSpec
+    from rlctl.supervise.process_table import ProcessHandle
+    from rlctl.job.spec import JobSpec
+
+BINDING_ROLES = frozenset({"learner", "replay", "inference"})  # processes that bind sockets, and so hold the server secret
+
+Handler = Callable[["ProcessHandle", ControlMessage], None]
+
+
+def issue_keys(keys: wire.CurveKeys, processes: list[ProcessSpec]) -> tuple[wire.CurveKeys, dict[str, wire.CurveKeys]]:
+    """(the supervisor's keys, each process's keys): every process gets a client key pair of its own, and the server
+    secret only if it binds a socket; servers admit exactly these keys, and a control message counts only from the
+    process its key was given to."""
+    pairs = {p.name: zmq.curve_keypair() for p in processes}
+    owners = {keys.client_public: "supervisor", **{cp: name for name, (cp, _) in pairs.items()}}
+    own = dataclasses.replace(keys, allowed=tuple(owners), owners=tuple(owners.values()))
+    return own, {p.name: keys.for_process(pairs[p.name], p.role in BINDING_ROLES, owners) for p in processes}
+
+
+class ControlRouter:
+    """Receives, authenticates and dispatches control messages; counts what it drops."""
+
+    def __init__(self, keys: wire.CurveKeys, endpoint: str, spec: JobSpec, by_name: dict[str, ProcessHandle],
+                 handlers: dict[str, Handler]):
+        self.keys, self.endpoint, self.spec, self.by_name, self.handlers = keys, endpoint, spec, by_name, handlers
+        self.net: wire.SecureContext | None = None
+        self.socket: zmq.Socket | None = None
+        self.dropped = 0
+        self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
+
+    def open(self) -> None:
+        """Bind the control socket."""
+        self.net = wire.SecureContext(self.keys)
+        self.socket = self.net.server(zmq.ROUTER, self.endpoint, rcvhwm=10000)
+
+    def losses(self) -> tuple[int, int]:
+        """(messages dropped, handshakes refused) on the control socket."""
+        return self.dropped, (self.net.refused if self.net is not None else 0)
+
+    def drain(self, timeout_ms: int) -> None:
+        """Handle every control message that arrives within timeout_ms (malformed ones are dropped and counted)."""
+        if self.socket is None or not self.socket.poll(timeout_ms):
+            return
+        for identity, msg in wire.receive_waiting(self.socket, routed=True):
+            try:
+                if msg is None:
+                    raise ControlError("undecodable")
+                self._dispatch(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
+            except ControlError:
+                self.dropped += 1
+
+    def _dispatch(self, msg: ControlMessage, identity: list, peer: str | None) -> None:
+        handler = self.handlers.get(msg.kind)
+        if handler is None:
+            raise ControlError(f"no handler for {msg.kind}")
+        handle = self._sender(msg, peer)
+        self.identities[msg.sender] = identity
+        handler(handle, msg)
+
+    def _sender(self, msg: ControlMessage, peer: str | None) -> ProcessHandle:
+        """The process a message is from: the one its claimed name resolves to, if CURVE authenticated its key."""
+        if msg.role == "learner":
+            # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
+            if msg.rank >= self.spec.learner_ranks:
+                raise ControlError(f"no learner rank {msg.rank}")
+            handle = self.by_name.get(f"learner-{self.spec.learner_node_of(msg.rank)}")
+        else:
+            handle = self.by_name.get(msg.sender)
+        if handle is None:
+            raise ControlError(f"no process {msg.sender} in the plan")
+        owner = self.keys.owner(peer)
+        if owner != handle.spec.name:  # a sender is who CURVE says, not what it claims
+            raise ControlError(f"{msg.sender} sent with the key of {owner or 'nobody'}")
+        return handle
+
+    def stop_learners(self) -> bool:
+        """Send `stop` to every learner rank that has spoken: they agree on a last update, checkpoint and exit 0.
+        False when none has (then only signals reach them)."""
+        told = [ident for sender, ident in self.identities.items() if sender.startswith("learner-")]
+        for identity in told:
+            wire.send(self.socket, "stop", "supervisor", prefix=identity, flags=zmq.NOBLOCK)
+        return bool(told)
+
+    def close(self) -> None:
+        """Close the socket and its context."""
+        if self.net is not None:
+            self.net.close()

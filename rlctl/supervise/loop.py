@@ -1,0 +1,227 @@
+"""The supervisor: starts every process of a LaunchPlan, watches, restarts and stops them.
+
+It is the only writer of the run directory. Its parts, each a module: the process table and its restart policy
+(process_table.py, restart_policy.py), starting processes (process_start.py), the control router
+(control_router.py), the run-state writer (run_state.py: state.json, twice a second) and the metrics sink
+(metrics_sink.py: TensorBoard, W&B). What is here is the loop that drives them. Signals turn into flags checked by
+the loop; shutdown always runs in `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rlctl.net import wire
+from rlctl.net.control import ControlMessage
+from rlctl.supervise.control_router import ControlRouter, issue_keys
+from rlctl.durable import remove_temporaries
+from rlctl.metrics import MetricsHub
+from rlctl.supervise.metrics_sink import MetricsSink
+from rlctl.launch.plan import LaunchPlan, make_plan
+from rlctl.supervise.process_start import ProcessStarter
+from rlctl.supervise.process_table import ProcessHandle, ProcessTable
+from rlctl.supervise.remote_cleanup import finish_remote
+from rlctl.supervise.run_state import RunEnd, RunState
+from rlctl.rundir import RunDir, remove_weight_board
+from rlctl.job.spec import JobSpec, load_job, with_host_secrets
+from rlctl.supervise.stop_progress import StopProgress, stop_progress
+from rlctl.run_status import RunStatus
+
+STATE_INTERVAL_S = 0.5
+STOP_GRACE_S = 20.0
+
+
+class StopCriteria:
+    """The job's stop rules over the run-level metrics; returns the reason once one is met (rlctl.supervise.stop_progress:
+    the same computation the progress lines show)."""
+
+    def __init__(self, spec: JobSpec, started: float):
+        self.stop, self.started = spec.job.stop.model_dump(), started
+
+    def met(self, m: dict, episodes_seen: int, now: float) -> StopProgress | None:
+        """The first criterion met, or None."""
+        return next((p for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+
+    def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
+        """A human-readable reason, or None."""
+        met = self.met(m, episodes_seen, now)
+        return met.reason if met else None
+
+
+class Supervisor:
+    """Runs one plan to its end: finished, stopped or failed."""
+
+    def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, keys: wire.CurveKeys,
+                 display=None, resumed: dict | None = None):
+        self.spec, self.plan, self.rundir = spec, plan, rundir
+        self.keys, self.process_keys = issue_keys(keys, plan.processes)
+        hub = MetricsHub(spec.job.stop.train_return_window)
+        self.table = ProcessTable(spec, plan, on_restart=hub.on_restart)
+        self.router = ControlRouter(self.keys, str(plan.endpoints["control"]), spec, self.table.by_name,
+                                    {"hello": self._on_hello, "heartbeat": self._on_heartbeat})
+        self.sink = MetricsSink(spec, plan.run_id, rundir, hub, resumed, own_losses=self.router.losses)
+        self.run_state = RunState(spec, plan, rundir, self.table, self.sink, resumed, display)
+        self.starter = ProcessStarter(spec, plan, rundir, self.process_keys, self.table.slurm_job)
+        self.remote_hosts = [h for h in spec.hosts if not h.is_local]
+        self.stop_signals = 0
+        self.signals_at_shutdown = 0
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signals += 1
+        if self.run_state.exit_reason is None:
+            self.run_state.exit_reason = f"stopped by {signal.Signals(signum).name}"
+
+    def run(self) -> int:
+        """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        remove_temporaries(self.rundir.path)  # what a killed supervisor was writing
+        try:
+            self._start_and_watch()
+        except Exception as exc:  # a fault of the supervisor itself: the run fails, and shutdown still runs
+            self.run_state.fail_self(exc)
+        finally:
+            self._wind_down()
+            for s, h in old.items():
+                signal.signal(s, h)
+        return 1 if self.run_state.status == RunStatus.FAILED else 0
+
+    def _start_and_watch(self) -> None:
+        """Bind the control socket, start every process, then watch them until the run ends."""
+        self.router.open()
+        self.run_state.status = RunStatus.STARTING
+        self.run_state.publish()
+        # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
+        # of the run, where it held up reading heartbeats and the stop rules (a 40k-step stop ended at 59k).
+        self.sink.open_wandb()
+        self.starter.open_forkserver(self.table.handles)
+        self.starter.start_all(self.table.handles, stopping=lambda: self.stop_signals > 0,
+                               meanwhile=lambda: self._keep_in_touch(20))
+        # TensorBoard's import takes ~0.2 s: only once every process is on its way.
+        self.sink.open_tensorboard(self.run_state.started_at)
+        self.run_state.status = RunStatus.RUNNING
+        self._loop()
+
+    def _loop(self) -> None:
+        """Watch until a signal, the end of the run (a process that failed, a stop rule met) or a fault."""
+        criteria = StopCriteria(self.spec, self.run_state.started_at)
+        next_state = next_point = 0.0
+        while not self.stop_signals:
+            self._keep_in_touch(100)
+            ending = self.table.reap() or self.table.log_failure()
+            if ending is not None:
+                self.run_state.end(ending)
+                return
+            now = time.time()
+            self.table.check_hung(now)
+            for h in self.table.due(now):
+                self.starter.start(h)
+            if now >= next_point:
+                next_point = now + self.spec.logging.metrics_interval_s
+                self.sink.write_point()
+            if now >= next_state:
+                next_state = now + STATE_INTERVAL_S
+                self.run_state.publish()
+            # Checked on every pass (not only with state.json): a run that is done stops within 0.1 s.
+            met = criteria.met(self.sink.hub.snapshot(), self.sink.hub.episodes, now)
+            if met:
+                self.run_state.end(RunEnd(RunStatus.FINISHED, met.reason, stopped_by=met.record()))
+                return
+
+    def _keep_in_touch(self, drain_ms: int) -> None:
+        """Ping the remote sessions that are due, and handle the control messages that arrive within drain_ms."""
+        self.table.ping_sessions()
+        self.router.drain(drain_ms)
+
+    def _on_hello(self, h: ProcessHandle, msg: ControlMessage) -> None:
+        self.table.heard(h, msg, time.time())
+
+    def _on_heartbeat(self, h: ProcessHandle, msg: ControlMessage) -> None:
+        self.table.heard(h, msg, time.time())
+        figures = self.sink.take(h.spec.name, h.spec.role, msg)
+        if figures is not None:
+            h.metrics = figures
+
+    def _wind_down(self) -> None:
+        """Stop everything and write the run's end; each step runs whatever the one before it did."""
+        state = self.run_state
+        # A finished run says so only once shutdown is done (final checkpoints written, every process gone):
+        # whoever waits for "finished" may then read the run's files.
+        reached = state.status == RunStatus.FINISHED
+        if state.status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED):
+            state.status = RunStatus.STOPPING
+        self._guarded(state.publish)
+        try:
+            self._shutdown()
+        except Exception as exc:
+            state.fail_self(exc)
+            self.table.kill_everything()
+        state.ended_at = time.time()
+        if state.status == RunStatus.STOPPING:
+            state.status = RunStatus.FINISHED if reached else RunStatus.STOPPED
+        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.started_at))
+        self.starter.close()
+        state.publish_final()
+        self.router.close()
+
+    def _guarded(self, step) -> None:
+        """Run one shutdown step; a failure is recorded and the next steps still run."""
+        try:
+            step()
+        except Exception as exc:
+            self.run_state.fail_self(exc)
+
+    def _shutdown(self) -> None:
+        """Everything at once, except replay shards, which outlive the learners (a last update samples from them);
+        SIGKILL after the grace."""
+        learners, shards = self.table.of_role("learner"), self.table.of_role(self.spec.data_path.shard_role)
+        others = [h for h in self.table.handles if h not in learners and h not in shards]
+        self.signals_at_shutdown = self.stop_signals
+        # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
+        # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
+        told = self.router.stop_learners()
+        # Collectors and the evaluator stop meanwhile: nothing waits on them (shutdown in parallel, not in turn).
+        for h in others:
+            h.signal_group(signal.SIGTERM)
+        self._wait_gone(learners, term_after=5.0 if told else 0.0)
+        for h in shards:
+            h.signal_group(signal.SIGTERM)
+        self._wait_gone(shards + others)
+        self.table.reap_all()
+        self.router.drain(0)
+        remove_weight_board(self.plan.to_dict())
+        if self.remote_hosts:
+            self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts)
+
+    def _wait_gone(self, group: list[ProcessHandle], term_after: float = -1.0) -> None:
+        """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or at
+        another Ctrl-C; final heartbeats (checkpoint, parameter digests) are read meanwhile."""
+        self.table.wait_gone(group, STOP_GRACE_S, forced=lambda: self.stop_signals > self.signals_at_shutdown,
+                             meanwhile=lambda: self._keep_in_touch(10), term_after=term_after)
+
+
+def supervise_rundir(path: str, display=None) -> int:
+    """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`."""
+    os.umask(0o077)  # everything the run writes, here and in the processes it starts: folders 0700, files 0600
+    rundir = RunDir(Path(path))
+    spec = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
+    saved = rundir.read_plan() or {}
+    # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
+    addresses = {h["name"]: h["address"] for h in saved.get("hosts", []) if "address" in h}
+    control = str((saved.get("endpoints") or {}).get("control", ""))  # where Slurm steps reach this supervisor
+    plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
+                     addresses=addresses, board_token=str(saved.get("board_token", "")),
+                     control_address=control.removeprefix("tcp://").rsplit(":", 1)[0] or "127.0.0.1")
+    resumed = (rundir.read_state() or {}).get("resumed")  # `rlctl run --resume` left what to continue from
+    return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
+                      resumed if isinstance(resumed, dict) else None).run()
+
+
+if __name__ == "__main__":
+    # `rlctl run --detach` starts this; its stdout is the run's supervisor.out.
+    from rlctl.views.console import progress_printer
+
+    sys.exit(supervise_rundir(sys.argv[1], display=progress_printer()))

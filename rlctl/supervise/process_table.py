@@ -1,0 +1,368 @@
+"""The process table: every process of a run, and what the restart policy makes of their exits and silences.
+
+A ProcessHandle is one process of the plan as it runs here (its group, its log pump, the session of a remote one);
+its Lifecycle (restart_policy.py) says where it is in its life. The table notices ends, silences and lost Slurm
+nodes, fires the policy's events and carries out what it decides (kills now; starts are the caller's, through
+process_start.py). What ends the run comes back as a RunEnd.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rlctl.net.control import ControlMessage
+from rlctl.launch.forkserver import ForkedProcess, ForkServer
+from rlctl.launch.hosts import ATTEMPT
+from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved
+from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
+from rlctl.supervise.run_state import RunEnd
+from rlctl.rundir import group_alive, process_start_time
+from rlctl.launch.slurm import job_nodes
+from rlctl.job.spec import JobSpec
+from rlctl.run_status import RunStatus
+
+REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
+LOG_TAIL_LINES = 20
+
+
+class LogPump(threading.Thread):
+    """Copies a child's output into logs/<name>.log, one timestamped line at a time."""
+
+    def __init__(self, stream, path: Path):
+        super().__init__(daemon=True)
+        self.stream, self.path = stream, path
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.spoke = threading.Event()  # the first line (or the end) arrived: an SSH session is past its login
+        self.error: OSError | None = None  # why the log file could not be written (the run fails on it)
+
+    def run(self) -> None:
+        out = None
+        try:
+            out = open(self.path, "a", encoding="utf-8")
+        except OSError as exc:
+            self.error = exc
+        for raw in iter(self.stream.readline, b""):
+            self.spoke.set()
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.tail.append(line)
+            if out is None:
+                continue  # the log is lost (self.error says why), but the child must never block on a full pipe
+            now = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+            try:
+                out.write(f"{stamp} {line}\n")
+                out.flush()
+            except OSError as exc:
+                self.error = exc
+                out = None
+        self.spoke.set()
+
+
+@dataclass
+class ProcessHandle:
+    """A running (or ended) process of the plan: the object to ProcessSpec's class."""
+
+    spec: ProcessSpec
+    life: Lifecycle
+    popen: subprocess.Popen | ForkedProcess | None = None
+    pump: LogPump | None = None
+    exit_code: int | None = None
+    last_heartbeat: float | None = None
+    metrics: dict = field(default_factory=dict)
+    kill_sent_at: float | None = None  # remote: when KILL went down the session
+    started_at: float = 0.0
+    lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
+    last_exit: int | None = None  # exit code of the previous start, kept across restarts
+    rank_pids: dict = field(default_factory=dict)  # learner: torchrun rank -> pid (a hung rank is killed by pid)
+    killed_ranks: set = field(default_factory=set)  # their pids: a message of theirs still queued is no new rank
+    start_time: int | None = None  # the group leader's start time (rundir.process_start_time), against pid reuse
+
+    def start(self, env: dict[str, str], logs_dir: Path, session_setup: bytes = b"",
+              forkserver: ForkServer | None = None) -> None:
+        """Spawn in a new process group, output piped to a LogPump; forked by `forkserver` where one is given.
+
+        A remote process's argv is its `ssh` session: `session_setup` (secrets, the job file) goes down the
+        session's stdin, which then stays open for TERM/KILL lines.
+        """
+        argv = [a.replace(ATTEMPT, str(self.life.restarts)) for a in self.spec.argv]  # a fresh socket per start
+        forked = forkserver.spawn(argv[2], env) if forkserver is not None else None
+        self.popen = forked or subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE if self.spec.remote else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        if self.spec.remote:
+            self.tell(session_setup)
+        self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
+        self.pump.start()
+        self.exit_code, self.last_heartbeat = None, None
+        self.kill_sent_at, self.started_at = None, time.time()
+        self.start_time = None if self.spec.remote else process_start_time(self.popen.pid)
+
+    def forget_ranks(self) -> None:
+        """A learner's ranks are gone (its group killed): no pids of theirs are kept."""
+        self.rank_pids.clear()
+        self.killed_ranks.clear()
+
+    def kill_ranks(self) -> None:
+        """Kill a local learner's ranks by pid (torchrun starts new ones); messages of theirs still queued then
+        name no new rank."""
+        for pid in self.rank_pids.values():
+            try:
+                os.kill(pid, signal.SIGCONT)  # a frozen rank must run to die of SIGKILL's successor
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.killed_ranks.update(self.rank_pids.values())
+        self.rank_pids.clear()
+
+    def tell(self, data: bytes, close: bool = False) -> None:
+        """Write to a remote session's stdin (gone sessions are ignored: their end is noticed by poll)."""
+        try:
+            self.popen.stdin.write(data)
+            self.popen.stdin.flush()
+            if close:
+                self.popen.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    @property
+    def pid(self) -> int | None:
+        """OS pid (also the process group id)."""
+        return self.popen.pid if self.popen else None
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the whole process group (torchrun's workers included); a remote one through its session."""
+        if self.popen is None:
+            return
+        if self.spec.remote and self.popen.poll() is None:
+            if sig == signal.SIGTERM:
+                self.tell(b"TERM\n")
+                return
+            if sig == signal.SIGKILL and self.kill_sent_at is None:
+                self.kill_sent_at = time.time()
+                self.tell(b"KILL\n", close=True)  # the remote side kills the group, then the session ends
+                return
+            if sig == signal.SIGKILL and time.time() - self.kill_sent_at < REMOTE_KILL_WAIT_S:
+                return
+            # A session that does not end by itself (a dead host): closing ours makes the remote side end its group.
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self) -> bool:
+        """True while any process of the group exists (for a remote one: while its session lasts)."""
+        if self.popen is None:
+            return False
+        if self.spec.remote:
+            return self.popen.poll() is None
+        self.popen.poll()  # reap the leader so a dead group is not kept alive by a zombie
+        return group_alive(self.popen.pid)
+
+    def failure_record(self) -> dict:
+        """What state.json's `failure` says of this process when it ends the run."""
+        return {"process": self.spec.name, "exit_code": self.exit_code,
+                "log_tail": list(self.pump.tail) if self.pump else []}
+
+
+class ProcessTable:
+    """Every process of the plan, and what the restart policy makes of their ends and silences (and, in a Slurm
+    job, of nodes that leave it)."""
+
+    def __init__(self, spec: JobSpec, plan: LaunchPlan, on_restart: Callable[[str], None]):
+        self.spec = spec
+        self.policy = RestartPolicy.of(spec)
+        self.handles = [ProcessHandle(p, Lifecycle(self.policy)) for p in plan.processes]
+        self.by_name = {h.spec.name: h for h in self.handles}
+        self.on_restart = on_restart  # a process of the plan restarts (told to the metrics: its env steps stay)
+        # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
+        self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
+        self.lost_nodes: set[str] = set()
+        self.next_ping = 0.0
+
+    def of_role(self, role: str) -> list[ProcessHandle]:
+        """The processes of one role."""
+        return [h for h in self.handles if h.spec.role == role]
+
+    def heard(self, h: ProcessHandle, msg: ControlMessage, now: float) -> None:
+        """A validated hello or heartbeat from `h`: it is alive; a learner's new rank is noted by its pid."""
+        h.last_heartbeat = now
+        h.life.heard()
+        if msg.role == "learner" and msg.pid is not None and msg.pid not in h.killed_ranks:
+            h.rank_pids[msg.rank] = msg.pid
+            if h.life.state is ProcState.RANKS_RESTARTING:  # torchrun started new ranks for the killed ones
+                h.life.ranks_back()
+                h.killed_ranks.clear()
+
+    def reap(self) -> RunEnd | None:
+        """Notice the processes that ended: restart, lose or fail each. A RunEnd when the run must end."""
+        for h in self.handles:
+            if h.popen is None or not h.life.alive:
+                continue
+            code = h.popen.poll()
+            if code is None:
+                continue
+            h.exit_code = h.last_exit = code
+            if h.spec.remote and code == SSH_FAILED:
+                h.lost_sessions += 1
+            if h.pump:
+                h.pump.join(timeout=2)
+            end = self._ended(h, code)
+            if end is not None:
+                return end
+        return None
+
+    def _ended(self, h: ProcessHandle, code: int) -> RunEnd | None:
+        if self.slurm_job is not None and h.spec.remote:
+            nodes = job_nodes(self.slurm_job)
+            if nodes is None:
+                return RunEnd(RunStatus.STOPPED, f"Slurm job {self.slurm_job} ended (scancel, its time limit or a failed node)")
+            if h.spec.host not in nodes:
+                return self._node_lost(h, nodes)
+        now = time.time()
+        if h.life.ended(code, h.spec.critical, now):
+            self.on_restart(h.spec.name)
+            if h.spec.critical:
+                self._restart_learner_nodes(h, now)
+            return None
+        if self._can_lose(h):
+            h.life.lose()
+            h.metrics = {}
+            return None
+        h.life.give_up()
+        why = self.policy.why_not_restarted(h.spec.critical, code)
+        return RunEnd(RunStatus.FAILED, f"{h.spec.name} exited with code {code} ({why})", h.failure_record())
+
+    def _node_lost(self, h: ProcessHandle, nodes: list[str]) -> RunEnd | None:
+        """`h`'s node left the Slurm job: a collector starts again on the node with the fewest processes; any other
+        role lost ends the run."""
+        if h.spec.host not in self.lost_nodes:
+            self.lost_nodes.add(h.spec.host)
+            print(f"rlctl: node {h.spec.host} left Slurm job {self.slurm_job}", file=sys.stderr, flush=True)
+        if h.spec.role != "collector":
+            failure = h.failure_record()
+            h.life.lose()
+            return RunEnd(RunStatus.FAILED, f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}", failure)
+        load = {n: sum(o.spec.host == n and o.life.state is not ProcState.LOST for o in self.handles) for n in nodes}
+        target = min((host for host in self.spec.hosts if host.name in load), key=lambda x: (x.learner, load[x.name]))
+        old = h.spec.host
+        h.spec = moved(h.spec, target, target.advertise_address or target.name)
+        h.life.moved(old, target.name, time.time())
+        self.on_restart(h.spec.name)
+        return None
+
+    def _restart_learner_nodes(self, dead: ProcessHandle, now: float) -> None:
+        """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the
+        ports), and so do the other learner nodes, which start again with it (a static rendezvous is joined by
+        every node at once); all continue from the newest checkpoint."""
+        dead.forget_ranks()
+        dead.signal_group(signal.SIGKILL)
+        for h in self.handles:
+            if h.spec.critical and h is not dead and h.life.alive:
+                h.signal_group(signal.SIGKILL)
+                if h.popen is not None and not h.spec.remote:
+                    h.popen.wait()
+                h.forget_ranks()
+                h.life.restart_with(dead.spec.name, dead.life.start_at, now)
+
+    def _can_lose(self, h: ProcessHandle) -> bool:
+        """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
+        remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
+        others = [o for o in self.handles if o.spec.role == "collector" and o is not h]
+        return (h.spec.role == "collector" and h.spec.remote and h.last_exit == SSH_FAILED
+                and not self.spec.algorithm_entry.synchronous
+                and any(o.life.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
+
+    def due(self, now: float) -> list[ProcessHandle]:
+        """The restarts whose backoff has passed, each now starting: the caller starts them."""
+        ready = [h for h in self.handles if h.life.due(now)]
+        for h in ready:
+            h.life.start()
+        return ready
+
+    def check_hung(self, now: float) -> None:
+        """A running process silent for heartbeat_timeout_s is hung: killed, then restarted as if it had died (a
+        local learner's ranks are killed by pid and torchrun restarts them; if it never does, its agent is killed)."""
+        for h in self.handles:
+            if h.life.ranks_overdue(now):
+                h.life.ranks_late(now)
+            else:
+                silence = h.life.silent_for(h.last_heartbeat, now)
+                if silence is None:
+                    continue
+                by_ranks = h.spec.role == "learner" and bool(h.rank_pids) and not h.spec.remote
+                h.life.silent(silence, now, by_ranks)
+            print(f"rlctl: {h.spec.name} {h.life.note}", file=sys.stderr, flush=True)
+            h.last_heartbeat = now  # one kill per silence; the restart (or torchrun's) gives it a fresh start
+            if h.life.state is ProcState.RANKS_RESTARTING:
+                h.kill_ranks()
+            else:
+                h.signal_group(signal.SIGKILL)
+
+    def log_failure(self) -> RunEnd | None:
+        """A log that can no longer be written (a full disk) ends the run: nothing of a run may go unrecorded."""
+        for h in self.handles:
+            if h.pump is not None and h.pump.error is not None:
+                return RunEnd(RunStatus.FAILED, f"cannot write {h.spec.name}'s log: {h.pump.error}",
+                              {"process": "supervisor", "error": str(h.pump.error)})
+        return None
+
+    def ping_sessions(self) -> None:
+        """Every third of network.session_timeout_s, a line down each remote session: its process keeps running
+        only while it hears from this supervisor."""
+        now = time.time()
+        if now < self.next_ping:
+            return
+        self.next_ping = now + self.spec.network.session_timeout_s / 3
+        for h in self.handles:
+            if h.spec.remote and h.popen is not None and h.popen.poll() is None and h.kill_sent_at is None:
+                h.tell(b"PING\n")
+
+    @staticmethod
+    def wait_gone(group: list[ProcessHandle], grace: float, forced: Callable[[], bool],
+                  meanwhile: Callable[[], None], term_after: float = -1.0) -> None:
+        """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or once
+        `forced` says so; `meanwhile` runs between looks."""
+        start = time.time()
+        deadline = start + grace
+        termed = term_after < 0
+        while any(h.group_alive() for h in group):
+            if not termed and time.time() >= start + term_after:
+                termed = True
+                for h in group:
+                    h.signal_group(signal.SIGTERM)
+            if time.time() > deadline or forced():
+                for h in group:
+                    h.signal_group(signal.SIGKILL)
+            meanwhile()
+
+    def reap_all(self) -> None:
+        """After the stop: wait for every process (SIGKILL after 5 s more), keep its exit code, mark it stopped."""
+        for h in self.handles:
+            if h.popen is not None:
+                try:
+                    h.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    h.signal_group(signal.SIGKILL)
+                    h.popen.wait()
+                if h.exit_code is None:
+                    h.exit_code = h.popen.returncode
+                if h.life.state is not ProcState.LOST:
+                    h.last_exit = h.popen.returncode
+                h.life.stop()
+            if h.pump:
+                h.pump.join(timeout=2)
+
+    def kill_everything(self) -> None:
+        """Last resort when shutdown itself failed: SIGKILL every process group, so none is orphaned."""
+        for h in self.handles:
+            h.signal_group(signal.SIGKILL)

@@ -1,0 +1,160 @@
+"""The run's own state and its writer: state.json (atomically, twice a second), with a row per process and per host.
+
+`rlctl status`, `logs` and `stop` read what this writes; the live table and progress lines are drawn from the same
+document (the `display` callback).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from rlctl import metric_names as M
+from rlctl.supervise.restart_policy import SSH_FAILED, ProcState
+from rlctl.rundir import RunDir, process_start_time
+from rlctl.run_status import RunStatus
+
+if TYPE_CHECKING:
+    from rlctl.supervise.metrics_sink import MetricsSink
+    from rlctl.launch.plan import LaunchPlan
+    from rlctl.supervise.process_table import ProcessHandle, ProcessTable
+    from rlctl.job.spec import JobSpec
+
+RATE_KEYS = {  # the one figure shown per process in the live table
+    "collector": (M.ENV_STEPS_PER_S, "env steps/s"),
+    "learner": (M.SAMPLES_PER_S, "samples/s"),
+    "replay": (M.REPLAY_INSERT_PER_S, "inserts/s"),
+    "evaluator": (M.EVAL_RETURN_MEAN, "eval return"),
+    "inference": (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
+}
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """Why a run ends: its status, the reason shown, and (when a process failed it) what state.json says of it."""
+
+    status: str
+    reason: str
+    failure: dict | None = None
+    stopped_by: dict | None = None  # the [job.stop] criterion met, with its figures (StopProgress.record)
+
+
+def process_row(h: ProcessHandle) -> dict:
+    """One process's entry in state.json."""
+    key, unit = RATE_KEYS.get(h.spec.role, ("", ""))
+    return {
+        "name": h.spec.name, "role": h.spec.role, "rank": h.spec.rank, "host": h.spec.host,
+        "pid": h.pid, "pgid": h.pid, "start_time": h.start_time, "state": h.life.state.shown,
+        "restarts": h.life.restarts + int(h.metrics.get(M.LEARNER_RESTARTS, 0) or 0),
+        "exit_code": h.exit_code, "rate": h.metrics.get(key), "rate_unit": unit,
+        "last_heartbeat": h.last_heartbeat, "remote": h.spec.remote, "note": h.life.note,
+    }
+
+
+def host_state(host: dict, mine: list[ProcessHandle], lost_nodes: set[str]) -> str:
+    """ok, lost, stopped, or k/n up."""
+    running = sum(h.life.state.shown == ProcState.RUNNING.value for h in mine)
+    if host["name"] in lost_nodes or (
+            not host["local"] and running == 0 and any(h.last_exit == SSH_FAILED for h in mine)):
+        return RunStatus.LOST
+    if running == len(mine):
+        return "ok"
+    if all(h.life.state is ProcState.STOPPED for h in mine):
+        return RunStatus.STOPPED
+    return f"{running}/{len(mine)} up"
+
+
+class RunState:
+    """How the run stands (status, exit reason, failure, segments) and its writer: state.json and the display."""
+
+    def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, table: ProcessTable, sink: MetricsSink,
+                 resumed: dict | None = None, display: Callable[[dict], None] | None = None):
+        self.spec, self.plan, self.rundir, self.table, self.sink = spec, plan, rundir, table, sink
+        self.display = display  # callable(state) for the live table / progress line, or None
+        self.status = RunStatus.CREATED
+        self.exit_reason: str | None = None  # for people; code reads stopped_by and failure
+        self.stopped_by: dict | None = None  # the [job.stop] criterion met (StopProgress.record)
+        self.failure: dict | None = None
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        # A resumed run continues the segments before it (their times count in `rlctl status`).
+        self.segments: list[dict] = list((resumed or {}).get("segments", []))
+        self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
+        self.own_start = process_start_time(os.getpid())  # with the pid: `rlctl stop` never signals a reused pid
+
+    def end(self, ending: RunEnd) -> None:
+        """The run ends as `ending` says."""
+        self.status, self.exit_reason = ending.status, ending.reason
+        if ending.stopped_by is not None:
+            self.stopped_by = ending.stopped_by
+        if ending.failure is not None:
+            self.failure = ending.failure
+
+    def fail_self(self, exc: BaseException) -> None:
+        """Record a fault of the supervisor's own (a full disk, a bug) as the run's failure, once."""
+        traceback.print_exception(exc, file=sys.stderr)
+        if self.status != RunStatus.FAILED:
+            self.status = RunStatus.FAILED
+            self.exit_reason = f"supervisor error: {type(exc).__name__}: {exc}"
+            self.failure = {"process": "supervisor", "error": f"{type(exc).__name__}: {exc}"}
+
+    def document(self) -> dict:
+        """The state.json document."""
+        hub = self.sink.hub
+        return {
+            "run_id": self.plan.run_id, "job": self.plan.job, "algorithm": self.plan.algorithm,
+            "status": self.status, "supervisor_pid": os.getpid(), "supervisor_start": self.own_start,
+            "supervisor_host": socket.gethostname(), "slurm_job_id": self.table.slurm_job,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at, "updated_at": time.time(), "exit_reason": self.exit_reason,
+            "stopped_by": self.stopped_by, "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
+            "processes": [process_row(h) for h in self.table.handles], "metrics": self.sink.figures(),
+            "learner_ranks": {str(r): v for r, v in sorted(hub.learner_ranks.items())},
+            "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],
+            "stop": self.spec.job.stop.model_dump(), "episodes_seen": hub.episodes,
+            "return_history": list(self.sink.return_history),
+        }
+
+    def host_rows(self) -> list[dict]:
+        """Per host: its processes, how many run, restarts, sessions lost, and its state (ok, lost, stopped, k/n up)."""
+        rows = []
+        for host in self.plan.hosts:
+            mine = [h for h in self.table.handles if h.spec.host == host["name"]]
+            rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"),
+                         "state": host_state(host, mine, self.table.lost_nodes), "processes": len(mine),
+                         "running": sum(h.life.state.shown == ProcState.RUNNING.value for h in mine),
+                         "restarts": sum(h.life.restarts for h in mine),
+                         "lost_sessions": sum(h.lost_sessions for h in mine),
+                         "cleanup": self.remote_cleanup.get(host["name"])})
+        return rows
+
+    def publish(self) -> dict:
+        """Write state.json and show it."""
+        state = self.document()
+        self.rundir.write_state(state)
+        if self.display is not None:
+            self.display(state)
+        return state
+
+    def publish_final(self) -> None:
+        """The last state.json; on a full disk, in place over the old one (whose blocks that frees), so `status`
+        still says how the run ended."""
+        state = self.document()
+        try:
+            self.rundir.write_state(state)
+        except OSError as exc:
+            self.fail_self(exc)
+            state = self.document()
+            try:
+                self.rundir.write_state(state, in_place=True)
+            except OSError as again:
+                print(f"rlctl: could not write {self.rundir.state_json}: {again}", file=sys.stderr)
+        if self.display is not None:
+            self.display(state)
+        if self.status == RunStatus.FAILED and self.failure and self.failure.get("process") == "supervisor":
+            print(f"rlctl: run {self.plan.run_id} failed: {self.exit_reason}", file=sys.stderr)

@@ -1,0 +1,606 @@
+"""All terminal output of the CLI: one rich Console, tables, run headers and log lines.
+
+On the fast CLI path: imports only the standard library at module level; rich is imported
+inside the functions that render, so `import rlctl.views.console` stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from rlctl.views import bottleneck
+from rlctl import metric_names as M
+from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, status_of
+from rlctl.run_status import RunStatus
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
+
+    from rlctl.views.text_table import TextTable
+
+_consoles: dict[bool, "Console"] = {}
+
+STATUS_STYLES = {
+    RunStatus.CREATED: "cyan",
+    "queued": "cyan",
+    RunStatus.STARTING: "cyan",
+    RunStatus.RUNNING: "green",
+    "restarting": "yellow",
+    RunStatus.STOPPING: "yellow",
+    RunStatus.FINISHED: "bold green",
+    "exited": "dim",
+    RunStatus.STOPPED: "yellow",
+    RunStatus.FAILED: "bold red",
+    RunStatus.LOST: "magenta",
+    RunStatus.UNKNOWN: "dim",
+}
+# Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
+ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
+
+RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
+PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat", "note"]
+
+
+def get_console(stderr: bool = False) -> "Console":
+    """The shared rich Console (one for stdout, one for stderr)."""
+    if stderr not in _consoles:
+        from rich.console import Console
+
+        # No auto-highlighting: output is styled explicitly, numbers in log text stay as written.
+        con = Console(stderr=stderr, highlight=False)
+        if not con.is_terminal:
+            # Pipes and files (scripts, tests, `| grep`) get whole values, never "…"-truncated cells.
+            con = Console(stderr=stderr, highlight=False, width=max(con.width, 240))
+        _consoles[stderr] = con
+    return _consoles[stderr]
+
+
+def print_json(obj: Any) -> None:
+    """Write obj as plain JSON (no rich markup or colour) to stdout."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _num(x: Any) -> float | None:
+    """x as a float if it is a real number (not bool/None/str), else None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+def format_duration(seconds: float | None) -> str:
+    """Compact duration: "12.3s", "4m05s", "2h03m"; "-" if unknown."""
+    s = _num(seconds)
+    if s is None or math.isnan(s):
+        return "-"
+    if math.isinf(s):
+        return "inf"
+    s = max(0.0, s)
+    if round(s, 1) < 60:
+        return f"{s:.1f}s"
+    total = int(round(s))
+    if total < 3600:
+        minutes, secs = divmod(total, 60)
+        return f"{minutes}m{secs:02d}s"
+    hours, rest = divmod(total, 3600)
+    return f"{hours}h{rest // 60:02d}m"
+
+
+def format_rate(x: float | None) -> str:
+    """Compact number with SI suffix: "12.3", "12.3k", "1.2M"; "-" for None."""
+    value = _num(x)
+    if value is None:
+        return "-" if x is None else str(x)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    for suffix in ("", "k", "M", "G", "T"):
+        if round(abs(value), 1) < 1000 or suffix == "T":
+            return f"{value:.1f}{suffix}"
+        value /= 1000
+    return f"{value:.1f}T"  # pragma: no cover - loop always returns
+
+
+def _format_count(x: Any) -> str:
+    """Whole-number count ("123456"), "-" if missing."""
+    value = _num(x)
+    return "-" if value is None or not math.isfinite(value) else str(int(value))
+
+
+def _format_float(x: Any, digits: int = 1) -> str:
+    """Fixed-point number, "-" if missing."""
+    value = _num(x)
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _metrics(state: dict) -> dict:
+    """The state's metrics dict (empty if missing or malformed)."""
+    metrics = state.get("metrics") if isinstance(state, dict) else None
+    return metrics if isinstance(metrics, dict) else {}
+
+
+def _elapsed(state: dict, now: float | None = None) -> float | None:
+    """Seconds the run has been going (until ended_at, or last update for ended/lost runs)."""
+    start = _num(state.get("started_at"))
+    if start is None:
+        return None
+    end = _num(state.get("ended_at"))
+    if end is None and status_of(state) in OVER_STATES:
+        end = _num(state.get("updated_at"))  # last sign of life of a run that is over
+    if end is None:
+        end = time.time() if now is None else now
+    return max(0.0, end - start)
+
+
+def _styled(status: str) -> "Text":
+    """Status word coloured by STATUS_STYLES."""
+    from rich.text import Text
+
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def _local_time(ts: Any) -> str:
+    """Local "YYYY-mm-dd HH:MM:SS" of an epoch time, "-" if missing."""
+    value = _num(ts)
+    if value is None:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    except (OverflowError, OSError, ValueError):
+        return "-"
+
+
+def _plain_cell(cell: Any) -> Any:
+    """A table cell as a JSON value: rich Text -> its plain string, numbers/str/None unchanged."""
+    if cell is None or isinstance(cell, (str, int, float, bool)):
+        return cell
+    plain = getattr(cell, "plain", None)
+    return plain if isinstance(plain, str) else str(cell)
+
+
+FREE_TEXT_COLUMNS = ("note",)
+
+
+def _plain_text(cell: Any) -> str:
+    plain = _plain_cell(cell)
+    return "-" if plain is None else str(plain)
+
+
+def build_table(title: str | None, columns: list[str], rows: list[list], width: int | None = None,
+                drop: list[str] = ()) -> "TextTable":
+    """A table of rows; numeric columns are right-aligned; cells never wrap (a free-text value too long for its
+    column ends in an ellipsis). With `width`, the columns named in `drop` give way, in that order, until it fits."""
+    from rlctl.views.text_table import TextTable, text_cell
+
+    cells = [[text_cell(row[i] if i < len(row) else None) for i in range(len(columns))] for row in rows]
+    right = []
+    for i in range(len(columns)):
+        values = [row[i] for row in rows if i < len(row) and row[i] is not None]
+        right.append(bool(values) and all(_num(v) is not None for v in values))
+    keep = list(range(len(columns)))
+    table = None
+    for name in [None, *drop]:
+        if name is not None and name in columns and columns.index(name) in keep:
+            keep.remove(columns.index(name))
+        table = TextTable(title, [columns[i] for i in keep], [[row[i] for i in keep] for row in cells],
+                          [right[i] for i in keep], [columns[i] in FREE_TEXT_COLUMNS for i in keep])
+        if width is None or table.least_width() <= width:
+            break
+    return table
+
+
+def _job_from_run_id(run_id: str) -> str:
+    """Job name part of a run id ("apex-cartpole-20261129-220111" -> "apex-cartpole")."""
+    parts = run_id.split("-")
+    # Drop "-YYYYmmdd-HHMMSS" and an optional collision suffix "-N".
+    for drop in (3, 2):
+        if len(parts) > drop and parts[-drop].isdigit() and len(parts[-drop]) == 8:
+            return "-".join(parts[:-drop])
+    return run_id
+
+
+def _run_row(rundir: RunDir) -> list:
+    """One row of the runs table."""
+    state = rundir.read_state() or {}
+    metrics = _metrics(state)
+    hosts = state.get("hosts")
+    return [
+        rundir.run_id,
+        state.get("job") or _job_from_run_id(rundir.run_id),
+        state.get("algorithm") or "-",
+        _styled(rundir.effective_status(state) if state else RunStatus.UNKNOWN),
+        _local_time(state.get("started_at")),
+        format_duration(_elapsed(state)),
+        format_rate(_num(metrics.get(M.ENV_STEPS))),
+        _format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
+        ", ".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "-",
+    ]
+
+
+def runs_json(runs: list[RunDir]) -> list[dict]:
+    """`rlctl status --json` without a run: one object per run, newest first, raw numbers under snake_case keys
+    (null where a figure is unknown)."""
+    out = []
+    for rundir in reversed(runs):
+        state = rundir.read_state() or {}
+        metrics = _metrics(state)
+        hosts = state.get("hosts")
+        steps = _num(metrics.get(M.ENV_STEPS))
+        out.append({
+            "run_id": rundir.run_id,
+            "job": state.get("job") or _job_from_run_id(rundir.run_id),
+            "algorithm": state.get("algorithm"),
+            "status": rundir.effective_status(state) if state else RunStatus.UNKNOWN,
+            "exit_reason": state.get("exit_reason"),
+            "started_at": _num(state.get("started_at")),
+            "elapsed_s": _elapsed(state),
+            "env_steps": int(steps) if steps is not None else None,
+            "return_mean": _num(metrics.get(M.EPISODE_RETURN_MEAN)),
+            "eval_return_mean": _num(metrics.get(M.EVAL_RETURN_MEAN)),
+            "hosts": [str(h) for h in hosts] if isinstance(hosts, list) else [],
+            "run_dir": str(rundir.path),
+        })
+    return out
+
+
+def runs_table_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
+    """Columns and rows for `rlctl status` without a run: one row per run."""
+    return list(RUNS_COLUMNS), [_run_row(r) for r in runs]
+
+
+def _process_row(proc: dict, now: float) -> list:
+    """One row of the processes table."""
+    rate = _num(proc.get("rate"))
+    unit = proc.get("rate_unit") or ""
+    heartbeat = _num(proc.get("last_heartbeat"))
+    return [
+        proc.get("name") or "-",
+        proc.get("role") or "-",
+        proc.get("rank"),
+        proc.get("host") or "-",
+        proc.get("pid"),
+        _styled(str(proc.get("state") or RunStatus.UNKNOWN)),
+        proc.get("restarts"),
+        f"{format_rate(rate)} {unit}".strip() if rate is not None else "-",
+        f"{format_duration(now - heartbeat)} ago" if heartbeat is not None else "-",
+        str(proc.get("note") or ""),  # why it was last restarted or killed (a hang)
+    ]
+
+
+def processes_table_rows(state: dict, now: float | None = None) -> tuple[list[str], list[list]]:
+    """Columns and rows for the processes of one run (robust to missing fields)."""
+    now = time.time() if now is None else now
+    return list(PROCESS_COLUMNS), [_process_row(p, now) for p in _processes(state)]
+
+
+def _processes(state: dict) -> list[dict]:
+    procs = state.get("processes") if isinstance(state, dict) else None
+    return [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
+
+
+def processes_table(state: dict, width: int | None, now: float | None = None) -> "TextTable":
+    """The processes table, fitted to `width`: the note column only when a process has a note; then pid, host (when
+    every process is local), heartbeat age, rank and role give way, in that order, until it fits."""
+    columns, rows = processes_table_rows(state, now)
+    procs = _processes(state)
+    drop = ["pid", *(["host"] if not any(p.get("remote") for p in procs) else []), "heartbeat", "rank", "role"]
+    if not any(p.get("note") for p in procs):
+        columns, rows = columns[:-1], [r[:-1] for r in rows]
+    return build_table(None, columns, rows, width, drop)
+
+
+def runs_table(runs: list[RunDir], width: int | None) -> "TextTable":
+    """The runs table of `rlctl status`, fitted to `width` (hosts when every run is local, then start time,
+    algorithm and job give way)."""
+    columns, rows = runs_table_rows(runs)
+    local = all(r[-1] in ("localhost", "-") for r in rows)
+    return build_table("runs", columns, rows, width, [*(["hosts"] if local else []), "started", "algorithm", "job"])
+
+
+HOST_COLUMNS = ["host", "where", "state", "processes", "restarts", "sessions lost"]
+
+
+def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
+    """One row per host of a job that has remote hosts (None for a job all on this machine)."""
+    from rich.text import Text
+
+    rows = state.get("host_rows") or []
+    if not any(r.get("remote") for r in rows):
+        return None
+    out = []
+    for r in rows:
+        st = str(r.get("state", "-"))
+        style = "bold red" if st == RunStatus.LOST else ("green" if st == "ok" else "yellow")
+        where = r.get("via") if r.get("via") in ("local", "ssh", "slurm") else "ssh" if r.get("remote") else "local"
+        out.append([r.get("name"), where, Text(st, style=style),
+                    f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0)])
+    return HOST_COLUMNS, out
+
+
+def header_lines(state: dict, now: float | None = None) -> list[str]:
+    """The run's summary, one line per concern: what and where it is, its figures, then (where they apply) rollout
+    lag, central inference and divergence."""
+    state = state if isinstance(state, dict) else {}
+    metrics = _metrics(state)
+    # The run id begins with the job's name: the first line stays short enough for 80 columns.
+    run_id = str(state.get("run_id") or state.get("job") or "-")
+    lines = [" | ".join([f"{run_id} ({state.get('algorithm') or '-'})", status_of(state),
+                         format_duration(_elapsed(state, now))]),
+             " | ".join([f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
+                         f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
+                         f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}" + _spark(state),
+                         f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"])]
+    lag = _rollout_figures(metrics)
+    if lag:
+        lines[-1] += f" | policy lag {lag[0]} | rollouts dropped {lag[1]}"
+    inference = _inference_figures(metrics)
+    if inference:
+        lines.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
+    verdict = bottleneck.verdict(metrics) if status_of(state) == RunStatus.RUNNING else None
+    if verdict:
+        lines.append(verdict)
+    diverging = divergence_text(metrics)
+    if diverging:
+        lines.append(diverging)
+    return lines
+
+
+def _spark(state: dict) -> str:
+    """" ▁▃▅▇" of the recent mean training returns (state.json's return_history), or ""."""
+    from rlctl.views.curves import sparkline
+
+    history = state.get("return_history")
+    line = sparkline(history if isinstance(history, list) else [])
+    return f" {line}" if len(line) > 1 else ""
+
+
+def progress_table(state: dict, width: int, now: float | None = None) -> "Table | None":
+    """One row per stop criterion: a bar where it is a fraction, where the run stands against the target, and an
+    ETA at the recent rate where one makes sense (None for a run without stop criteria in its state)."""
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    from rlctl.supervise.stop_progress import percent, stop_progress
+
+    rows = stop_progress(state.get("stop"), _metrics(state), _elapsed(state, now), state.get("episodes_seen"))
+    if not rows:
+        return None
+    texts = [p.text() for p in rows]
+    etas = [f"ETA {format_duration(p.eta_s)}" if p.eta_s is not None else "" for p in rows]
+    label_w = max(len(p.label) for p in rows)
+    # The bar takes what the words leave (8 to 30 columns); the words end in "…" only below that.
+    bar_width = max(8, min(30, width - label_w - 4 - max(map(len, texts)) - max(map(len, etas)) - 4))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, min_width=label_w)
+    grid.add_column(no_wrap=True, min_width=bar_width)
+    grid.add_column(no_wrap=True, min_width=4, justify="right")
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_column(no_wrap=True)
+    for p, words, eta in zip(rows, texts, etas):
+        bar = ProgressBar(total=1.0, completed=p.fraction, width=bar_width) if p.fraction is not None else \
+            Text(" " * bar_width)
+        grid.add_row(Text(p.label), bar, Text(f"{percent(p.fraction)}%" if p.fraction is not None else ""),
+                     Text(words), Text(eta))
+    return grid
+
+
+def run_view(state: dict, now: float | None = None, live: bool = True) -> "RenderableType":
+    """Header, stop progress and the tables of one run, laid out for the width it is rendered at (the live display
+    and `rlctl status RUN`)."""
+    return _RunView(state, now, live)
+
+
+class _RunView:
+    def __init__(self, state: dict, now: float | None, live: bool):
+        self.state, self.now, self.live = (state if isinstance(state, dict) else {}), now, live
+
+    def __rich_console__(self, console, options):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.text import Text
+
+        state, width = self.state, options.max_width
+        status = status_of(state)
+        lines: list = [Text(line, no_wrap=True, overflow="ellipsis") for line in header_lines(state, self.now)]
+        progress = progress_table(state, width - 4, self.now)
+        if progress is not None:
+            lines.append(progress)
+        header = Group(*lines)
+        yield Panel(header, border_style=STATUS_STYLES.get(status, ""), expand=True) if self.live else header
+        yield processes_table(state, width, self.now)
+        hosts = hosts_table_rows(state)
+        if hosts is not None:
+            yield build_table(None, *hosts, width=width)
+        if state.get("exit_reason"):
+            yield Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, ""))
+        failure = _failure_text(state)
+        if failure is not None:
+            yield failure
+
+
+def divergence_text(metrics: dict) -> str | None:
+    """"DIVERGING: ..." while the learner reports runaway or non-finite values, else None."""
+    if not _num(metrics.get(M.DIVERGING)):
+        return None
+    q, bound = _num(metrics.get(M.Q_ABS_MAX)), _num(metrics.get(M.Q_BOUND))
+    if q is not None and bound is not None and math.isfinite(q):
+        return f"DIVERGING: |Q| {q:.3g} against a bound of {bound:.3g} (max reward / (1 - gamma))"
+    return "DIVERGING: non-finite losses or values"
+
+
+def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
+    """(policy lag, dropped rollouts) as text for the rollout algorithms; None for the others."""
+    lag = _num(metrics.get(M.POLICY_LAG_MEAN))
+    if lag is None:
+        return None
+    return f"{lag:.1f}", _format_count(metrics.get(M.ROLLOUTS_DROPPED, 0))
+
+
+def _inference_figures(metrics: dict) -> tuple[str, str, str, str] | None:
+    """(requests/s, mean batch, p50 ms, p99 ms) of the central inference servers as text; None without them."""
+    rate = _num(metrics.get(M.INFERENCE_REQUESTS_PER_S))
+    if rate is None:
+        return None
+    batch, p50, p99 = (_num(metrics.get(k)) or 0.0 for k in (M.INFERENCE_BATCH_SIZE_MEAN, M.INFERENCE_LATENCY_P50,
+                                                              M.INFERENCE_LATENCY_P99))
+    return format_rate(rate), f"{batch:.1f}", f"{p50:.2f}", f"{p99:.2f}"
+
+
+def _failure_text(state: dict) -> "Text | None":
+    """Red block describing the failed process and its last log lines, if the run failed."""
+    from rich.text import Text
+
+    failure = state.get("failure")
+    if not isinstance(failure, dict):
+        return None
+    text = Text(f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}\n", style="bold red")
+    tail = failure.get("log_tail")
+    for line in tail if isinstance(tail, list) else []:
+        text.append(f"  {line}\n", style="red")
+    return text
+
+
+def live_renderable(state: dict) -> "RenderableType":
+    """Header panel + stop progress + processes table (+ failure/exit reason) for the supervisor's rich Live display."""
+    return run_view(state)
+
+
+def progress_line(state: dict, now: float | None = None) -> str:
+    """Plain single status line for non-TTY output, e.g. "[  12.3s] running env_steps=123456 (20.0k/s) ..."."""
+    state = state if isinstance(state, dict) else {}
+    metrics = _metrics(state)
+    parts = [f"[{format_duration(_elapsed(state, now)):>7}]", status_of(state)]
+    steps = _num(metrics.get(M.ENV_STEPS))
+    steps_per_s = _num(metrics.get(M.ENV_STEPS_PER_S))
+    if steps is not None:
+        parts.append(f"env_steps={_format_count(steps)}" + (f" ({format_rate(steps_per_s)}/s)" if steps_per_s is not None else ""))
+    elif steps_per_s is not None:
+        parts.append(f"env_steps/s={format_rate(steps_per_s)}")
+    for label, key in (("return", M.EPISODE_RETURN_MEAN), ("eval", M.EVAL_RETURN_MEAN)):
+        if _num(metrics.get(key)) is not None:
+            parts.append(f"{label}={_format_float(metrics[key])}")
+    updates = _num(metrics.get(M.UPDATES_PER_S))
+    if updates is not None:
+        parts.append(f"updates/s={updates:.0f}" if abs(updates) < 1000 else f"updates/s={format_rate(updates)}")
+    samples = _num(metrics.get(M.SAMPLES_PER_S))
+    if samples is not None:
+        parts.append(f"samples/s={format_rate(samples)}")
+    lag = _rollout_figures(metrics)
+    if lag:
+        parts += [f"lag={lag[0]}", f"dropped={lag[1]}"]
+    inference = _inference_figures(metrics)
+    if inference:
+        parts += [f"inference={inference[0]}/s", f"batch={inference[1]}", f"p99={inference[3]}ms"]
+    diverging = divergence_text(metrics)
+    if diverging:
+        parts.append(diverging)
+    return " ".join(parts)
+
+
+def _role_of(source: str) -> str:
+    """Role part of a source name ("collector-3" -> "collector")."""
+    role, sep, rank = source.rpartition("-")
+    return role if sep and rank.isdigit() else source
+
+
+def role_colour(source: str) -> str:
+    """Stable palette colour for a source's role (same role -> same colour, in every process)."""
+    # zlib.crc32, not hash(): str hashes are randomised per interpreter.
+    return ROLE_PALETTE[zlib.crc32(_role_of(source).encode()) % len(ROLE_PALETTE)]
+
+
+def _clock(ts: float) -> str:
+    """Local "HH:MM:SS.mmm" of an epoch time."""
+    try:
+        millis = int((ts % 1) * 1000)
+        return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{millis:03d}"
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "??:??:??.???"
+
+
+def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) -> "Text":
+    """Log line as rich Text: "HH:MM:SS.mmm source | text", prefix coloured by role; text never markup."""
+    from rich.text import Text
+
+    line = Text(f"{_clock(ts)} {source:<{source_width}} | ", style=role_colour(source))
+    # Process output may carry its own ANSI colours; decode those rather than printing escapes.
+    line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
+    return line
+
+
+def progress_printer(interval_s: float = 5.0):
+    """A display callback for non-TTY output: a progress line every interval_s and at the end."""
+    last = [0.0]
+
+    def show(state: dict) -> None:
+        now = time.time()
+        if now - last[0] >= interval_s or state.get("status") in TERMINAL_STATES:
+            last[0] = now
+            print(progress_line(state), flush=True)
+
+    return show
+
+
+def compare_data(runs: list[RunDir]) -> dict[str, dict]:
+    """`rlctl compare --json`: per run, the job keys whose values differ between the runs (raw values), the time and
+    env steps to the stop target (null unless the run finished on a target other than wall time) and its final
+    figures, as raw numbers."""
+    import tomllib
+
+    from rlctl.metrics import flatten
+
+    jobs, states = [], []
+    for rd in runs:
+        try:
+            jobs.append(flatten(tomllib.loads(rd.job_toml.read_text())))
+        except (OSError, ValueError):
+            jobs.append({})
+        states.append(rd.read_state() or {})
+    missing = object()
+    differ = [k for k in sorted({k for job in jobs for k in job})
+              if len({json.dumps(job.get(k, missing), default=str) for job in jobs}) > 1]
+    out = {}
+    for rd, job, s in zip(runs, jobs, states):
+        m = _metrics(s)
+        reached = (s.get("status") == RunStatus.FINISHED and bool(s.get("exit_reason"))
+                   and not str(s["exit_reason"]).startswith("wall time"))
+        steps = _num(m.get(M.ENV_STEPS))
+        out[rd.run_id] = {
+            "job": {k: job.get(k) for k in differ},
+            "status": rd.effective_status(s) if s else RunStatus.UNKNOWN, "exit_reason": s.get("exit_reason"),
+            "time_to_target_s": _elapsed(s) if reached else None,
+            "env_steps_to_target": int(steps) if reached and steps is not None else None,
+            "elapsed_s": _elapsed(s), "env_steps": int(steps) if steps is not None else None,
+            "env_steps_per_s": _num(m.get(M.ENV_STEPS_PER_S)), "return_mean": _num(m.get(M.EPISODE_RETURN_MEAN)),
+            "eval_return_mean": _num(m.get(M.EVAL_RETURN_MEAN)),
+        }
+    return out
+
+
+def compare_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
+    """`rlctl compare`'s table: one column per run; the differing job keys, then how and when each run ended."""
+    data = compare_data(runs)
+    first = next(iter(data.values()), {"job": {}})
+    rows = [[k, *(_cell(d["job"][k]) for d in data.values())] for k in first["job"]]
+    steps = lambda v: _format_count(v) if v is not None else "not reached"  # noqa: E731
+    figures = [("status", "status", str), ("stopped because", "exit_reason", lambda v: v or "-"),
+               ("time to target", "time_to_target_s", lambda v: format_duration(v) if v is not None else "not reached"),
+               ("env steps to target", "env_steps_to_target", steps),
+               ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", _format_count),
+               ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
+               ("eval return", "eval_return_mean", _format_float)]
+    rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in figures]
+    return ["", *data], rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return json.dumps(value) if isinstance(value, (list, dict, bool)) else str(value)
