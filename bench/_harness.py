@@ -62,8 +62,9 @@ def deep_merge(base: dict, override: dict) -> dict:
 
 def write_job(directory: str | Path, overrides: dict | None = None, base: str | Path = APEX_JOB,
               name: str = "job.toml") -> Path:
-    """Write `base` (jobs/apex.toml) with `overrides` merged in as a TOML file; validated with rlctl.job.spec."""
-    from rlctl.job.spec import dumps_toml, load_job  # pydantic: only in the bench process, never on a timed path
+    """Write `base` (jobs/apex.toml) with `overrides` merged in as a TOML file; validated with rlctl.job.load."""
+    from rlctl.job.load import load_job
+    from rlctl.job.toml_writer import dumps_toml  # pydantic: only in the bench process, never on a timed path
 
     data = deep_merge(load_toml(base), overrides or {})
     path = Path(directory) / name

@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="the learner's device (job and bare loop)")
     args = ap.parse_args()
     children.install()  # killed or failing: the run (and its processes) ends with the bench
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
 
     spec = load_job(args.job)
     skip = spec.env.atari.frame_skip if spec.env.preset == "atari" else 1

@@ -65,7 +65,9 @@ def rlctl_command() -> tuple[list[str], str]:
 def make_runs(root: Path, n: int) -> list[str]:
     """n fake run directories like `rlctl run` leaves them (job.toml, plan.json, state.json, logs/...)."""
     from rlctl.launch.plan import make_plan
-    from rlctl.job.spec import dumps_toml, load_job, resolved_dict
+    from rlctl.job.load import load_job
+    from rlctl.job.resolved import resolved_dict
+    from rlctl.job.toml_writer import dumps_toml
 
     spec = load_job(H.APEX_JOB)
     job_toml = dumps_toml(resolved_dict(spec))

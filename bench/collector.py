@@ -66,7 +66,7 @@ class BareLoop:
         from rlctl.algos.apex import dqn as apex
         from rlctl.envs import env_space_info, make_vec_env
         from rlctl.algos import build_model
-        from rlctl.job.spec import load_job
+        from rlctl.job.load import load_job
 
         torch.set_num_threads(1)
         self.torch = torch
@@ -125,7 +125,7 @@ class Peers:
         from rlctl.envs import probe_space_info
         from rlctl.algos import build_model
         from rlctl.models import flat_parameters
-        from rlctl.job.spec import load_job
+        from rlctl.job.load import load_job
 
         self.control = H.ControlRouter(keys, endpoints["control"])
         self.net = wire.SecureContext(keys)

@@ -266,7 +266,7 @@ def fuzz_job(name: str, share: int, cap: float, seed: int, tmp: Path, insider: b
         targets["rollouts"] = net.client(zmq.PUSH, eps["rollouts"][0], sndhwm=100000)
     rng, nrng = random.Random(seed), np.random.default_rng(seed)
     mut = Mutator(rng)
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
     spec = load_job(job)
     T, envs = (0, 0) if spec.data_path.shard_role else (spec.algorithm.rollout_len, spec.env.envs_per_collector)
     forged_answers = 0

@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating learner/bare measurements; medians reported")
     args = ap.parse_args()
     H.children.install()  # killed or failing: torchrun and the learner end with the bench
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
 
     job_path = Path(args.job).resolve()
     spec = load_job(job_path)

@@ -127,7 +127,7 @@ def child_echo() -> None:
         import torch
 
         from rlctl.models import QNetwork, load_flat_parameters
-        from rlctl.job.spec import load_job
+        from rlctl.job.load import load_job
 
         torch.set_num_threads(1)
         job = load_job(os.environ["RLCTL_JOB"])

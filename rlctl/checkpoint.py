@@ -155,7 +155,7 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
 def _stored_job(data: dict, trust_checkpoint: bool):
     """The job a checkpoint holds, validated like a job file; UntrustedCheckpoint if it names code to import and
     the user did not say they trust the file."""
-    from rlctl.job.spec import JobFileError, validate_job
+    from rlctl.job.load import JobFileError, validate_job
 
     stored = _record(data, "job")
     if not isinstance(stored, dict):

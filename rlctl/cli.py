@@ -54,7 +54,7 @@ def _bad_input(message: str) -> "typer.Exit":
 
 
 def _load(path: Path):
-    from rlctl.job.spec import JobFileError, load_job
+    from rlctl.job.load import JobFileError, load_job
 
     try:
         return load_job(path)
@@ -93,7 +93,7 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
     import tomllib
 
     from rlctl.job.jobinit import render_job_file
-    from rlctl.job.spec import JobFileError, validate_job
+    from rlctl.job.load import JobFileError, validate_job
 
     destinations = [h.strip() for h in hosts.split(",")] if hosts is not None else None
     if destinations is not None and not all(destinations):
@@ -112,7 +112,7 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
 @app.command()
 def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
     """Check job files against the schema; exit 2 naming the key path on error."""
-    from rlctl.job.spec import JobFileError, load_job
+    from rlctl.job.load import JobFileError, load_job
 
     bad = 0
     for f in files:
@@ -199,7 +199,7 @@ def _launch_errors():
     from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
     from rlctl.launch.resume import ResumeRefused
     from rlctl.rundir import RunNotFound
-    from rlctl.job.spec import JobFileError
+    from rlctl.job.load import JobFileError
 
     try:
         yield
@@ -284,7 +284,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--foll
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Merged log lines of a run, prefixed by process, ordered by time."""
     from rlctl.views.console import get_console, log_line_markup
-    from rlctl.rundir import follow_logs, merged_log_lines
+    from rlctl.run_logs import follow_logs, merged_log_lines
 
     rd = _resolve(runs_dir, run)
     con = get_console()

@@ -73,7 +73,7 @@ def replace_bytes(path: str | Path, data: bytes) -> Path:
 
 def remove_temporaries(directory: str | Path) -> list[Path]:
     """Remove the temporary files that killed writers left in `directory` (not those of live writers)."""
-    from rlctl.rundir import pid_alive  # here: rundir writes state.json through this module
+    from rlctl.liveness import pid_alive  # here: rundir writes state.json through this module
 
     removed = []
     try:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from rlctl.job.spec import ENV_PACKAGES, EnvSpec, register_env_packages
+from rlctl.job.env_ids import ENV_PACKAGES, register_env_packages
+from rlctl.job.spec import EnvSpec
 
 
 def resolve_env_id(env_id: str) -> str:

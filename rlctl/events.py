@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from rlctl.rundir import parse_log_line
+from rlctl.run_logs import parse_log_line
 
 PREFIX = "rlctl.event "
 # Longer lines are not events: a real one is a name and a few short fields, a path (PATH_MAX 4096) at most.

@@ -14,6 +14,7 @@ import time
 from collections import deque
 
 from rlctl import metric_names as M
+from rlctl.role_names import Role
 
 
 class MetricsHub:
@@ -35,7 +36,7 @@ class MetricsHub:
         clean = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
         # Merge: a final heartbeat carries only a few figures and must not erase the last rates.
         self.latest[name] = {**self.latest.get(name, {}), **clean}
-        if role == "learner":
+        if role == Role.LEARNER:
             rank = int(metrics.get("rank", 0))
             self.learner_ranks[rank] = {**self.learner_ranks.get(rank, {}), **clean}
         rets = [float(r) for r in returns if isinstance(r, (int, float))]

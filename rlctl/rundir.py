@@ -11,18 +11,17 @@ This module is on the fast CLI path (`rlctl status/logs/stop`): standard library
 from __future__ import annotations
 
 import fcntl
-import heapq
 import json
 import os
 import re
 import socket
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 from rlctl.durable import replace_bytes
+from rlctl.liveness import same_process
 from rlctl.run_status import RunStatus
+from rlctl.role_names import Role
 
 TERMINAL_STATES = frozenset({RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.FAILED})
 # Statuses after which nothing new will be written to the run directory.
@@ -35,9 +34,6 @@ _ID_TIME_RE = re.compile(r"-(\d{8}-\d{6})(?:-(\d+))?$")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _LOG_NAME_RE = re.compile(r"^(?P<role>.+)-(?P<rank>\d+)$")
 RUN_LOCK_WAIT_S = 5.0  # how long a command waits for another one changing the same run before it gives up
-_FOLLOW_CHUNK = 8 << 20  # bytes read per file per round, so a huge backlog cannot blow up memory
-
-LogEntry = tuple[float, str, str]  # (timestamp, source such as "collector-0", text)
 
 
 class RunNotFound(Exception):
@@ -91,81 +87,6 @@ def new_run_id(job_name: str, now: float | None = None) -> str:
     safe_name = _UNSAFE_NAME_CHARS.sub("-", job_name).strip("-") or "job"
     stamp = time.strftime(_ID_TIME_FORMAT, time.localtime(time.time() if now is None else now))
     return f"{safe_name}-{stamp}"
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True if a process with this pid exists on this host (it may belong to another user)."""
-    try:
-        pid = int(pid)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    if pid <= 0:
-        return False  # 0 and negatives address process groups, not one process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return not _is_zombie(pid)
-
-
-def process_start_time(pid: int | None) -> int | None:
-    """When a process started (clock ticks since boot, /proc/<pid>/stat field 22); None if unknown or gone. With the
-    pid it names one process for good: a pid the kernel reused has another start time."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:  # type: ignore[arg-type]
-            return int(f.read().rsplit(b") ", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError, TypeError):
-        return None
-
-
-def same_process(pid: int | None, start_time: object) -> bool:
-    """True while `pid` is alive and still the process recorded with `start_time`. Without a start time nothing
-    says it is (a state.json planted, or written by hand): False, so that no command signals it."""
-    return pid_alive(pid) and isinstance(start_time, int) and process_start_time(pid) == start_time
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the process group exists on this host, zombies aside: a process whose parent
-    (a killed supervisor) is gone may wait as a zombie for a reaper that never comes."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return _group_has_living_member(pgid)
-
-
-def _group_has_living_member(pgid: int) -> bool:
-    """Whether a non-zombie process of the group exists (Linux /proc; True where it cannot be told)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return True
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
-            return True
-    return False
-
-
-def _is_zombie(pid: int) -> bool:
-    """An exited process its parent has not reaped yet counts as gone (Linux /proc; False elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b") ", 1)[1][:1] == b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def status_of(state: dict | None) -> str:
@@ -252,7 +173,7 @@ class RunDir:
         return _read_json(self.state_json)
 
     def read_secrets(self) -> dict:
-        """The run's host secrets (`spec.host_secrets`), {} when it has none."""
+        """The run's host secrets (`rlctl.job.resolved.host_secrets`), {} when it has none."""
         return _read_json(self.secrets_json) or {}
 
     def write_secrets(self, secrets: dict) -> None:
@@ -393,185 +314,9 @@ def remove_weight_board(plan: dict) -> None:
     learner removes it on the way out, but not when it is killed."""
     for proc in plan.get("processes", []):
         board = proc.get("env", {}).get("RLCTL_WEIGHT_BOARD")
-        if proc.get("role") == "learner" and not proc.get("remote") and isinstance(board, str) and board:
+        if proc.get("role") == Role.LEARNER and not proc.get("remote") and isinstance(board, str) and board:
             try:
                 if os.lstat(board).st_uid == os.getuid():  # never another user's file of that name
                     os.unlink(board)
             except OSError:
                 pass
-
-
-def parse_log_line(line: str) -> tuple[float | None, str]:
-    """(epoch seconds, text) from "2026-11-29T22:01:11.123 text"; (None, line) if no timestamp."""
-    line = line.rstrip("\r\n")
-    stamp, sep, text = line.partition(" ")
-    # Cheap shape check first: fromisoformat would also accept bare dates like "2026-11-29".
-    if len(stamp) < 19 or stamp[4] != "-" or stamp[10] != "T":
-        return None, line
-    try:
-        return datetime.fromisoformat(stamp).timestamp(), text
-    except ValueError:
-        return None, line
-
-
-def _decode(raw: bytes) -> str:
-    """Text of one raw log line (bad bytes replaced, trailing CR removed)."""
-    return raw.decode("utf-8", errors="replace").rstrip("\r")
-
-
-def _to_entries(lines: list[str], source: str, prev_ts: float | None, fallback_ts: float) -> list[LogEntry]:
-    """Timestamped entries; lines without a timestamp take the previous line's one."""
-    parsed = [parse_log_line(line) for line in lines]
-    if prev_ts is None:
-        # Leading untimestamped lines: borrow the first real timestamp so the file stays ordered.
-        prev_ts = next((ts for ts, _ in parsed if ts is not None), fallback_ts)
-    entries = []
-    for ts, text in parsed:
-        prev_ts = prev_ts if ts is None else ts
-        entries.append((prev_ts, source, text))
-    return entries
-
-
-def _read_lines(path: Path, tail: int | None = None) -> list[str]:
-    """All lines of a file, or only its last `tail`, reading backwards so big logs stay cheap."""
-    with open(path, "rb") as f:
-        if tail is None:
-            data = f.read()
-        else:
-            pos = f.seek(0, os.SEEK_END)
-            data = b""
-            while pos > 0 and data.count(b"\n") <= tail:
-                step = min(1 << 16, pos)
-                pos -= step
-                f.seek(pos)
-                data = f.read(step) + data
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if tail is not None:
-        lines = lines[-tail:] if tail > 0 else []
-    return [_decode(raw) for raw in lines]
-
-
-def _mtime(path: Path) -> float:
-    """File mtime, or now if it vanished."""
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return time.time()
-
-
-def _merge(per_file: list[list[LogEntry]]) -> Iterator[LogEntry]:
-    """Entries of several files merged by timestamp (stable: ties keep file order)."""
-    return heapq.merge(*per_file, key=lambda entry: entry[0])
-
-
-def merged_log_lines(
-    rundir: RunDir, role: str | None = None, rank: int | None = None, tail: int | None = None
-) -> list[LogEntry]:
-    """(timestamp, source, text) of the run's log lines, ordered by time across files; last `tail` only if given."""
-    per_file = []
-    for path in rundir.log_files(role, rank):
-        try:
-            lines = _read_lines(path, tail)
-        except OSError:
-            continue
-        per_file.append(_to_entries(lines, path.stem, None, _mtime(path)))
-    merged = list(_merge(per_file))
-    if tail is not None:
-        merged = merged[-tail:] if tail > 0 else []
-    return merged
-
-
-class _LogCursor:
-    """Read position of one followed log file, with its unfinished last line and last timestamp."""
-
-    def __init__(self, path: Path, offset: int = 0):
-        self.path = path
-        self.source = path.stem
-        self.offset = offset
-        self.partial = b""
-        self.last_ts: float | None = None
-        self.pending = False  # more bytes on disk than this round read
-
-    def read_new(self) -> list[LogEntry]:
-        """Complete lines appended since the last call (an unfinished last line is kept for later)."""
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return []
-        if stat.st_size < self.offset:  # truncated: start over
-            self.offset, self.partial = 0, b""
-        if stat.st_size == self.offset:
-            self.pending = False
-            return []
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(min(stat.st_size - self.offset, _FOLLOW_CHUNK))
-        except OSError:
-            return []
-        self.offset += len(data)
-        self.pending = self.offset < stat.st_size
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        return self._entries([_decode(raw) for raw in complete], stat.st_mtime)
-
-    def flush(self) -> list[LogEntry]:
-        """The unfinished last line, if any (used once the run is over and it will not be completed)."""
-        if not self.partial:
-            return []
-        text, self.partial = _decode(self.partial), b""
-        return self._entries([text], _mtime(self.path))
-
-    def _entries(self, lines: list[str], mtime: float) -> list[LogEntry]:
-        entries = _to_entries(lines, self.source, self.last_ts, mtime)
-        if entries:
-            self.last_ts = entries[-1][0]
-        return entries
-
-
-def _offset_after_last_line(path: Path) -> int:
-    """Byte offset just after the file's last complete line (where "start at end" begins)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(0, size - (1 << 16))
-            f.seek(start)
-            newline = f.read(size - start).rfind(b"\n")
-    except OSError:
-        return 0
-    return size if newline < 0 else start + newline + 1
-
-
-def follow_logs(
-    rundir: RunDir,
-    role: str | None = None,
-    rank: int | None = None,
-    poll_s: float = 0.2,
-    start_at_end: bool = False,
-) -> Iterator[LogEntry]:
-    """Yield new log lines as they appear (also from files created later); stop when the run is over.
-
-    Only complete lines are yielded while the run is live. Each poll round yields the new lines of
-    all files merged by timestamp. Returns once the run's effective status is terminal or lost and
-    every file has been read to its end (then unfinished last lines are yielded too).
-    """
-    cursors: dict[Path, _LogCursor] = {}
-    first_round = True
-    while True:
-        # Status first, then read: everything written before the run ended is read below.
-        over = rundir.effective_status() in OVER_STATES
-        for path in rundir.log_files(role, rank):
-            if path not in cursors:
-                # Files existing when following starts may be skipped; files appearing later never are.
-                offset = _offset_after_last_line(path) if (start_at_end and first_round) else 0
-                cursors[path] = _LogCursor(path, offset)
-        first_round = False
-        while True:
-            yield from _merge([cursor.read_new() for cursor in cursors.values()])
-            if not any(cursor.pending for cursor in cursors.values()):
-                break
-        if over:
-            yield from _merge([cursor.flush() for cursor in cursors.values()])
-            return
-        time.sleep(poll_s)

@@ -12,7 +12,7 @@ from jobfiles import shipped_job
 
 
 def _job(**algorithm):
-    from rlctl.job.spec import validate_job
+    from rlctl.job.load import validate_job
 
     return validate_job({"job": {"name": "t", "seed": 2}, "env": {"id": "CartPole-v1", "envs_per_collector": 3},
                          "algorithm": {"name": "a2c", "rollout_len": 4, "ent_coef": 0.01, **algorithm}})

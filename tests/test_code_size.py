@@ -64,6 +64,41 @@ def test_run_statuses_are_named_once():
     assert not offenders, offenders
 
 
+def role_name_uses(source: str, roles: frozenset[str]) -> list[int]:
+    """Lines where `source` compares, looks up or collects a role name spelled as a string of its own."""
+    tree = ast.parse(source)
+    found = set()
+
+    def literals(node):
+        items = node.elts if isinstance(node, (ast.Set, ast.Tuple, ast.List)) else [node]
+        return [n for n in items if isinstance(n, ast.Constant) and n.value in roles]
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare):
+            found.update(c.lineno for o in [n.left, *n.comparators] for c in literals(o))
+        elif isinstance(n, ast.Subscript):
+            found.update(c.lineno for c in literals(n.slice))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("set", "frozenset"):
+            found.update(c.lineno for a in n.args for c in literals(a))
+        elif isinstance(n, ast.Call) and "role" in ast.unparse(n.func).lower():
+            found.update(c.lineno for a in n.args for c in literals(a))
+    return sorted(found)
+
+
+def test_role_names_are_named_once():
+    """Roles are Role's constants (rlctl.role_names): no module compares, looks up or collects one spelled as a string
+    of its own. The job schema (rlctl/job/) is left out: its `evaluator`, `learner` are keys of the job file."""
+    from rlctl.role_names import ROLES
+
+    for bad in ('ok = role == "learner"', 'x = {"a": 1}["collector"]', 'S = frozenset({"learner", "replay"})',
+                'if p.role in ("evaluator", "x"): pass', 't.of_role("inference")'):
+        assert role_name_uses(bad, ROLES), bad
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in sorted(ROOT.rglob("*.py"))
+                 if path.name != "role_names.py" and path.relative_to(ROOT).parts[0] != "job"
+                 for line in role_name_uses(path.read_text(), ROLES)]
+    assert not offenders, offenders
+
+
 def test_the_readme_code_map_names_the_tree():
     """Every file and folder the README's code map names exists, and every module of rlctl/ is named there (by its
     path, or by its name within its folder's row)."""

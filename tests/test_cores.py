@@ -20,7 +20,7 @@ from rlctl.envs import env_space_info, make_vec_env, probe_space_info
 from rlctl.models import flat_parameters
 from rlctl.roles.learner import build_core
 from rlctl.datapaths.rollout_source import stack_rollouts
-from rlctl.job.spec import validate_job
+from rlctl.job.load import validate_job
 
 SMALL = {
     "apex": {"batch_size": 16, "send_batch": 16},

@@ -12,7 +12,8 @@ from rlctl.algos import ALGORITHMS, AlgorithmEntry
 from rlctl.datapaths import DATA_PATHS
 from rlctl.launch.plan import make_plan
 from rlctl.job.specbase import Section
-from rlctl.job.spec import ALGORITHM_SPECS, validate_job
+from rlctl.job.load import validate_job
+from rlctl.job.spec import ALGORITHM_SPECS
 
 ROOT = Path(__file__).resolve().parents[1] / "rlctl"
 PATH_NAMES = set(DATA_PATHS)

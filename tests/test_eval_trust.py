@@ -24,7 +24,9 @@ from conftest import run_cli
 from rlctl.algos import build_model
 from rlctl.checkpoint import FORMAT
 from rlctl.envs import SpaceInfo
-from rlctl.job.spec import dumps_toml, resolved_dict, validate_job
+from rlctl.job.load import validate_job
+from rlctl.job.resolved import resolved_dict
+from rlctl.job.toml_writer import dumps_toml
 
 CARTPOLE = SpaceInfo((4,), "float32", n_actions=2)
 

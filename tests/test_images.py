@@ -15,7 +15,7 @@ from conftest import REPO, needs_extra, only_run, read_state, run_cli
 from jobfiles import shipped_job
 from rlctl.algos import build_model
 from rlctl.envs import make_vec_env, env_space_info
-from rlctl.job.spec import load_job, validate_job
+from rlctl.job.load import load_job, validate_job
 
 ATARI = needs_extra("atari", "ale_py", "cv2")
 

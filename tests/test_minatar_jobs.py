@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, needs_extra, only_run, read_state, run_cli
 from rlctl.envs import make_vec_env
 from rlctl.minatar_vec import GAME_CLASSES
-from rlctl.job.spec import load_job
+from rlctl.job.load import load_job
 
 pytestmark = needs_extra("minatar", "minatar")
 

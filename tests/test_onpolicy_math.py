@@ -195,7 +195,7 @@ def test_appo_one_pass_update_equals_the_two_pass_one(valid_rows):
     from rlctl.algos.base import LearnerSetup
     from rlctl.algos.onpolicy.learner import APPOLearner
     from rlctl.envs import probe_space_info
-    from rlctl.job.spec import validate_job
+    from rlctl.job.load import validate_job
 
     job = validate_job({"job": {"name": "t", "seed": 4}, "env": {"id": "CartPole-v1", "envs_per_collector": 4},
                         "algorithm": {"name": "appo", "rollout_len": 8, "vtrace": True, "epochs": 1,
@@ -228,7 +228,7 @@ def test_impala_step_with_the_bootstrap_row_outside_autograd_equals_the_step_thr
     from rlctl.algos.onpolicy.learner import IMPALALearner
     from rlctl.algos.onpolicy.returns import impala_loss
     from rlctl.envs import probe_space_info
-    from rlctl.job.spec import validate_job
+    from rlctl.job.load import validate_job
 
     job = validate_job({"job": {"name": "t", "seed": 4}, "env": {"id": "CartPole-v1", "envs_per_collector": 4},
                         "algorithm": {"name": "impala", "rollout_len": 8, "optimizer": "adam"}})

@@ -29,7 +29,8 @@ from rlctl.launch.plan import (
     torch_threads,
     usable_cpus,
 )
-from rlctl.job.spec import JobFileError, JobSpec, load_job, validate_job
+from rlctl.job.load import JobFileError, load_job, validate_job
+from rlctl.job.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 APEX = REPO / "jobs" / "apex.toml"

@@ -172,7 +172,7 @@ class EndedProcess:
 def test_the_process_table_restarts_a_collector_until_its_restarts_run_out(tmp_path):
     from rlctl.launch.plan import make_plan
     from rlctl.supervise.process_table import ProcessTable
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
 
     spec = load_job(small_job(tmp_path, max_restarts=1))
     restarted = []

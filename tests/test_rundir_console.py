@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlctl import rundir
+from rlctl import liveness, run_logs, rundir
 from rlctl.views import console
-from rlctl.rundir import RunDir, RunNotFound, process_start_time
+from rlctl.rundir import RunDir, RunNotFound
 
-OWN_START = process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
+OWN_START = liveness.process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_764_453_671.0  # a fixed epoch time for reproducible log timestamps
@@ -117,7 +117,7 @@ def test_effective_status_detects_lost(tmp_path):
     assert run.effective_status() == "lost"
     run.write_state({"status": "finished", "supervisor_pid": dead_pid()})
     assert run.effective_status() == "finished"
-    assert rundir.pid_alive(os.getpid()) and not rundir.pid_alive(None)
+    assert liveness.pid_alive(os.getpid()) and not liveness.pid_alive(None)
 
 
 def test_resolve_run_newest_prefix_and_not_found(tmp_path):
@@ -139,10 +139,10 @@ def test_resolve_run_newest_prefix_and_not_found(tmp_path):
 
 
 def test_parse_log_line():
-    ts, text = rundir.parse_log_line(f"{stamp(T0 + 0.123)} hello world\n")
+    ts, text = run_logs.parse_log_line(f"{stamp(T0 + 0.123)} hello world\n")
     assert ts == pytest.approx(T0 + 0.123) and text == "hello world"
-    assert rundir.parse_log_line("2026-11-29 not a stamp") == (None, "2026-11-29 not a stamp")
-    assert rundir.parse_log_line("no stamp") == (None, "no stamp")
+    assert run_logs.parse_log_line("2026-11-29 not a stamp") == (None, "2026-11-29 not a stamp")
+    assert run_logs.parse_log_line("no stamp") == (None, "no stamp")
 
 
 def test_log_files_filters(tmp_path):
@@ -161,20 +161,20 @@ def test_merged_log_lines_orders_across_files_and_tails(tmp_path):
     path = write_log(run, "learner-0", [(T0 + 2, "l2"), (T0 + 4, "l4")])
     with open(path, "a") as f:
         f.write("continuation without stamp\n")
-    merged = rundir.merged_log_lines(run)
+    merged = run_logs.merged_log_lines(run)
     assert [text for _, _, text in merged] == ["c1", "l2", "c3", "l4", "continuation without stamp", "c5"]
     assert merged[4][0] == pytest.approx(T0 + 4)  # took the previous line's timestamp
     assert merged[1][1] == "learner-0"
-    assert [t for _, _, t in rundir.merged_log_lines(run, tail=2)] == ["continuation without stamp", "c5"]
-    assert [t for _, _, t in rundir.merged_log_lines(run, role="learner")] == ["l2", "l4", "continuation without stamp"]
-    assert rundir.merged_log_lines(run, tail=0) == []
+    assert [t for _, _, t in run_logs.merged_log_lines(run, tail=2)] == ["continuation without stamp", "c5"]
+    assert [t for _, _, t in run_logs.merged_log_lines(run, role="learner")] == ["l2", "l4", "continuation without stamp"]
+    assert run_logs.merged_log_lines(run, tail=0) == []
 
 
 def _follow_in_thread(run: RunDir, **kwargs):
     got: list = []
 
     def consume():
-        for entry in rundir.follow_logs(run, poll_s=0.02, **kwargs):
+        for entry in run_logs.follow_logs(run, poll_s=0.02, **kwargs):
             got.append(entry)
 
     thread = threading.Thread(target=consume, daemon=True)
@@ -207,15 +207,15 @@ def test_follow_logs_start_at_end_and_lost_run(tmp_path):
     run = make_run(tmp_path, supervisor_pid=dead_pid())
     write_log(run, "collector-0", [(T0, "before")])
     # Lost run: reads what is there, then returns immediately.
-    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01, start_at_end=True)] == []
-    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01)] == ["before"]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, start_at_end=True)] == []
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["before"]
 
 
 def test_follow_logs_merges_a_round_by_time(tmp_path):
     run = make_run(tmp_path, status="stopped")
     write_log(run, "learner-0", [(T0 + 2, "l2")])
     write_log(run, "collector-0", [(T0 + 1, "c1"), (T0 + 3, "c3")])
-    assert [t for _, _, t in rundir.follow_logs(run, poll_s=0.01)] == ["c1", "l2", "c3"]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["c1", "l2", "c3"]
 
 
 # ---------------------------------------------------------------- console
@@ -445,7 +445,7 @@ def test_runs_table_fits_without_splitting_run_ids(tmp_path, width):
        seen=st.integers(0, 30))
 def test_a_progress_bar_shows_100_percent_exactly_when_its_criterion_stops_the_run(
         steps, target_steps, elapsed, wall, ev, target_ev, streak, rounds, ret, seen):
-    from rlctl.job.spec import validate_job
+    from rlctl.job.load import validate_job
     from rlctl.supervise.stop_progress import percent, stop_progress
     from rlctl.supervise.loop import StopCriteria
 

@@ -129,7 +129,7 @@ def test_stop_never_signals_a_pid_that_another_process_took_over(tmp_path, recor
     import json
 
     from conftest import run_cli
-    from rlctl.rundir import process_start_time
+    from rlctl.liveness import process_start_time
 
     others = [subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2)]
     try:
@@ -226,7 +226,7 @@ def test_each_process_holds_only_the_keys_it_needs(tmp_path):
     from rlctl.net import wire
     from rlctl.launch.plan import make_plan
     from rlctl.rundir import RunDir
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
     from rlctl.supervise.loop import Supervisor
 
     spec = load_job(small_job(tmp_path, name="keys", collectors=2))

@@ -10,7 +10,8 @@ from conftest import REPO, run_cli
 from rlctl.launch.plan import make_plan
 from rlctl.launch.slurm import (Allocation, SlurmError, allocation_from_env, parse_hostnames, parse_job_id,
                          parse_node_addresses, sbatch_script, with_allocation)
-from rlctl.job.spec import load_job, resolved_dict, validate_job
+from rlctl.job.load import load_job, validate_job
+from rlctl.job.resolved import resolved_dict
 
 ALLOC = Allocation(4242, ("n1", "n2", "n3", "n4"), {f"n{i}": f"10.0.0.{i}" for i in range(1, 5)})
 

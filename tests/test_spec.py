@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from rlctl.job import spec as spec_mod
-from rlctl.job.spec import (SECRET_MASK, JobFileError, JobSpec, dumps_toml, host_secrets, load_job, resolved_dict,
-                        validate_job, with_host_secrets)
+from rlctl.job.load import JobFileError, load_job, validate_job
+from rlctl.job.resolved import SECRET_MASK, host_secrets, resolved_dict, with_host_secrets
+from rlctl.job.spec import JobSpec
+from rlctl.job.toml_writer import dumps_toml
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
@@ -428,7 +430,7 @@ def test_env_id_check_agrees_with_gymnasium():
 
 
 def test_loading_the_schema_imports_no_gymnasium():
-    probe = ("import sys; import rlctl.job.spec; "
+    probe = ("import sys; import rlctl.job.load; "
              "print(sorted(m for m in ('gymnasium', 'torch', 'numpy', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -21,7 +21,7 @@ from rlctl import events
 from rlctl.net import wire
 from rlctl.launch.hosts import pull_directory
 from rlctl.launch.remote import remote_checkpoint_dir
-from rlctl.job.spec import load_job
+from rlctl.job.load import load_job
 from conftest import command_lines, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
 from hostlab import HostLab

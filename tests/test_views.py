@@ -179,7 +179,9 @@ def test_plot_draws_runs_in_the_terminal_and_into_a_png(tmp_path):
 
 def test_compare_shows_only_the_keys_that_differ_and_time_to_target(tmp_path):
     from rlctl.rundir import RunDir
-    from rlctl.job.spec import dumps_toml, resolved_dict, validate_job
+    from rlctl.job.load import validate_job
+    from rlctl.job.resolved import resolved_dict
+    from rlctl.job.toml_writer import dumps_toml
 
     runs = tmp_path / "runs"
     made = []

@@ -77,7 +77,9 @@ def test_keys_travel_as_one_env_string():
 
 
 def test_replay_shard_drops_malformed_and_unauthenticated_messages_and_keeps_running(tmp_path):
-    from rlctl.job.spec import dumps_toml, load_job, resolved_dict
+    from rlctl.job.load import load_job
+    from rlctl.job.resolved import resolved_dict
+    from rlctl.job.toml_writer import dumps_toml
 
     job = tmp_path / "job.toml"
     small = small_job(tmp_path)
@@ -162,7 +164,9 @@ def _ppo_learner(tmp_path, ranks: int):
     """A real PPO learner (torchrun, `ranks` ranks, two collectors in the job) started as the plan would, with the
     test playing the supervisor's control ROUTER; yields its sockets, endpoints and one valid rollout."""
     from rlctl.envs import probe_space_info
-    from rlctl.job.spec import dumps_toml, resolved_dict, validate_job
+    from rlctl.job.load import validate_job
+    from rlctl.job.resolved import resolved_dict
+    from rlctl.job.toml_writer import dumps_toml
 
     spec = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1", "envs_per_collector": 2},
                          "algorithm": {"name": "ppo", "rollout_len": 8, "epochs": 1, "minibatches": 1},

@@ -4,6 +4,7 @@ prioritized batches from its shard(s) and sends new priorities back."""
 from __future__ import annotations
 
 from rlctl.datapaths import DataPath, PathPlan, PathProcess
+from rlctl.role_names import Role
 
 # Items a replay shard serves per sample request (rlctl.roles.replay refuses larger ones). Here, in a light module,
 # so that the job schema checks `algorithm.batch_size` against it without importing the shard.
@@ -16,7 +17,7 @@ class ReplayPath(DataPath):
     name = "replay"
     required_fields = ("batch_size", "prefetch")
     sections = ("replay",)
-    shard_role = "replay"
+    shard_role = Role.REPLAY_SHARD
     shard_module = "rlctl.roles.replay"
     message_kind = "experience"
     message_fields = ("reward",)
@@ -53,10 +54,11 @@ class ReplayPath(DataPath):
 
     def plan(self, job, hosts, ports, addr, bind) -> PathPlan:
         """One shard process per `replay_shards` of each host; every collector reaches every shard."""
-        out = PathPlan(endpoints={"replay": []})
+        out = PathPlan(endpoints={self.shard_role: []})
         shards = [h for h in hosts for _ in range(h.replay_shards)]
         for rank, (h, (exp, smp)) in enumerate(zip(shards, ports)):
-            out.endpoints["replay"].append({"experience": f"tcp://{addr(h)}:{exp}", "sample": f"tcp://{addr(h)}:{smp}"})
+            out.endpoints[self.shard_role].append({"experience": f"tcp://{addr(h)}:{exp}",
+                                                   "sample": f"tcp://{addr(h)}:{smp}"})
             out.processes.append(PathProcess(self.shard_role, rank, h, self.shard_module,
                                              {"experience": f"tcp://{bind(h)}:{exp}", "sample": f"tcp://{bind(h)}:{smp}"}))
         return out
@@ -65,12 +67,12 @@ class ReplayPath(DataPath):
         """Batches sampled from this rank's shard(s)."""
         from rlctl.datapaths.replay_source import ReplaySource
 
-        return ReplaySource(net, rc.endpoints["replay"], job, info, rank, world, rc.name)
+        return ReplaySource(net, rc.endpoints[self.shard_role], job, info, rank, world, rc.name)
 
     def senders(self, net, endpoints, job, info, name, collector=None):
         """One PUSH to every shard (ZeroMQ spreads batches over the shards that have room)."""
         from rlctl.net import wire
         from rlctl.datapaths.sender import ExperienceSender
 
-        return [ExperienceSender(net, [r["experience"] for r in endpoints["replay"]], name, self.message_kind,
+        return [ExperienceSender(net, [r["experience"] for r in endpoints[self.shard_role]], name, self.message_kind,
                                  wire.experience_buffer_bytes(info.obs_bytes))]

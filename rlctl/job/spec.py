@@ -1,30 +1,22 @@
-"""Job-file schema: TOML -> typed, validated `JobSpec`, loaded once.
+"""Job-file schema: the typed sections of a `JobSpec` and the checks across keys.
 
-Every field has a docstring (shown by `rlctl validate --explain` and the README);
-unknown keys are errors with a "did you mean" suggestion, and every error names
-the file, the key path (`replay.alpha`) and the reason.
+Every field has a docstring (shown by `rlctl validate --explain` and the README). Reading a file into a JobSpec, with
+errors that name the file, key path and reason, is rlctl.job.load.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import re
-import sys
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rlctl.algos import ALGORITHMS, AlgorithmEntry
 from rlctl.datapaths import DataPath
 from rlctl.launch.ports import PortLayout
+from rlctl.job.env_ids import env_id_problem
 from rlctl.job.specbase import NonNegInt, PosFloat, PosInt, Section
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
 
 LOCAL_ADDRESSES = frozenset({"localhost", "127.0.0.1", "::1"})
 MAX_PORT = 65535
@@ -37,22 +29,6 @@ ENV_VAR_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What an SSH destination or an address must not hold: ssh reads a leading `-` as an option, and these would mean
 # something to the remote shell or split an argument (user@host, host names, IPv4 and IPv6 literals need none).
 UNSAFE_ADDRESS_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f;&|$`'\"\\<>(){}]")
-
-
-class JobFileError(Exception):
-    """A job file that cannot be used: names the file, the key path and the reason."""
-
-    def __init__(self, path: str | Path, problems: list[tuple[str, str]]):
-        self.path = str(path)
-        self.problems = problems  # (key path, reason)
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        """Human-readable, one problem per line."""
-        lines = [f"{self.path}: invalid job file"]
-        for key, reason in self.problems:
-            lines.append(f"  {key or '<file>'}: {reason}" if key else f"  {reason}")
-        return "\n".join(lines)
 
 
 class StopSpec(Section):
@@ -600,260 +576,3 @@ class JobSpec(Section):
     def port_count(self) -> int:
         """Size of the job's contiguous port range (laid out by rlctl.launch.ports.PortLayout)."""
         return PortLayout(self, 0).size
-
-
-# Packages that register gymnasium ids when imported (and the rlctl extra that installs each), by id namespace.
-ENV_PACKAGES = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
-ENV_EXTRAS = {ns: extra for ns, (_, extra) in ENV_PACKAGES.items()}
-
-
-def register_env_packages() -> None:
-    """Import the installed env packages that register gymnasium ids (ale-py, MinAtar); missing ones are skipped."""
-    import importlib
-
-    import gymnasium
-
-    for module, _ in ENV_PACKAGES.values():
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        if module == "ale_py":
-            gymnasium.register_envs(mod)
-        else:
-            if "MinAtar/Breakout-v1" not in gymnasium.registry:
-                mod.register_envs()  # MinAtar registers its ids only when asked
-            from rlctl.minatar_vec import attach_vector_entry_points
-
-            attach_vector_entry_points(gymnasium.registry)  # its games stepped as arrays (vectorization = "auto")
-
-
-def env_id_problem(env_id: str) -> str | None:
-    """Why a registered-style env id (no `module:` part) cannot be made, or None when gymnasium knows it.
-
-    Asks `gymnasium.spec`, as rlctl.envs does before making the env; gymnasium is imported here, not when this module
-    is, so commands that never load a job stay light.
-    """
-    try:
-        import gymnasium
-    except ImportError:  # pragma: no cover - a dependency; without it the env fails where it is made
-        return None
-    try:
-        try:
-            gymnasium.spec(env_id)
-        except Exception:
-            register_env_packages()  # ALE and MinAtar ids exist once their packages are imported
-            gymnasium.spec(env_id)
-    except Exception:  # gymnasium.error.Error and kin: unregistered, malformed, unknown namespace or version
-        extra = ENV_EXTRAS.get(env_id.split("/")[0] if "/" in env_id else ("ALE" if "NoFrameskip" in env_id else ""))
-        if extra:
-            return f"not registered in gymnasium; its package is an extra: pip install -e '.[{extra}]'"
-        hint = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
-        if hint:
-            return f"not registered in gymnasium; did you mean {hint[0]!r}?"
-        return "not registered in gymnasium; for an env of another package give its entry point `module:attr`"
-    return None
-
-
-def _key_path(loc: tuple) -> str:
-    parts: list[str] = []
-    for i, item in enumerate(loc):
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif i == 1 and loc[0] == "algorithm" and item in ALGORITHM_NAMES:
-            continue  # the discriminator tag pydantic inserts, not a key the user wrote
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts)
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The section model a (parent) location points into, for "did you mean" hints."""
-    model: Any = JobSpec
-    for item in loc:
-        if isinstance(item, int):
-            continue
-        if model is JobSpec and item == "algorithm":
-            model = "algorithm"  # the next item is the tag pydantic inserted
-            continue
-        if model == "algorithm":
-            model = ALGORITHM_SPECS.get(item)
-            if model is None:
-                return None
-            continue
-        field = getattr(model, "model_fields", {}).get(item)
-        if field is None:
-            return None
-        ann = field.annotation
-        inner = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        elif inner:
-            model = inner[0]
-        else:
-            return None
-    return model
-
-
-def _reason(err: dict) -> str:
-    loc, kind = err["loc"], err["type"]
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        known = list(model.model_fields) if model else []
-        hint = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-        suffix = f" (did you mean '{hint[0]}'?)" if hint else (f" (known keys: {', '.join(known)})" if known else "")
-        return f"unknown key '{loc[-1]}'{suffix}"
-    if kind == "union_tag_invalid":
-        return f"unknown algorithm {err.get('ctx', {}).get('tag')!r}; available: {', '.join(ALGORITHM_NAMES)}"
-    if kind == "union_tag_not_found":
-        return f"missing key 'name' (one of: {', '.join(ALGORITHM_NAMES)})"
-    if kind == "missing":
-        return "required key is missing"
-    msg = err["msg"]
-    msg = re.sub(r"^Value error, ", "", msg)
-    value = err.get("input")
-    if kind not in ("model_type", "dict_type") and not isinstance(value, (dict, list)):
-        msg += f" (got {value!r})"
-    return msg
-
-
-def _problem(err: dict) -> tuple[str, str]:
-    key, reason = _key_path(err["loc"]), _reason(err)
-    if err["type"] == "value_error":
-        # Checks across keys write "key.path: reason", relative to the section they validate.
-        head, sep, rest = reason.partition(": ")
-        if sep and re.fullmatch(r"[\w.\[\]]+(, [\w.\[\]]+)*", head):
-            key, reason = (f"{key}.{head}" if key else head), rest
-    return key, reason
-
-
-def validate_job(data: dict, path: str | Path = "<job>") -> JobSpec:
-    """Validate parsed TOML into a JobSpec, raising JobFileError with key paths."""
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as exc:
-        problems = [_problem(e) for e in exc.errors()]
-        raise JobFileError(path, problems) from None
-
-
-def load_job(path: str | Path) -> JobSpec:
-    """Read and validate one job file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JobFileError(p, [("", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise JobFileError(p, [("", f"cannot read: {exc}")]) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(p, [("", f"not valid TOML: {exc}")]) from None
-    return validate_job(data, p)
-
-
-SECRET_MASK = "********"
-
-
-def resolved_dict(spec: JobSpec) -> dict:
-    """The job with every default filled in, as plain TOML-able data (None values dropped). `hosts[].env` values
-    are secrets (tokens, passwords): masked here, so job.toml, checkpoints and TensorBoard never hold them; the
-    run keeps them in its private secrets file (`host_secrets`, `with_host_secrets`)."""
-    data = _drop_none(spec.model_dump(mode="json"))
-    if data["hosts"] or spec.cluster.scheduler == "slurm":
-        for key in HOST_COUNT_KEYS:  # set per host; writing the topology defaults would make the job invalid
-            data["topology"].pop(key, None)
-    if data["hosts"]:
-        for host in data["hosts"]:
-            host["env"] = {k: SECRET_MASK for k in host.get("env", {})}
-    else:
-        del data["hosts"]
-    return data
-
-
-def host_secrets(spec: JobSpec) -> dict[str, dict[str, str]]:
-    """host name -> its `env` (the values resolved_dict masks)."""
-    return {h.name: dict(h.env) for h in spec.hosts if h.env}
-
-
-def with_host_secrets(spec: JobSpec, secrets: object) -> JobSpec:
-    """The job with masked `hosts[].env` values filled in again from `secrets` (as host_secrets made it; anything
-    else in it is ignored)."""
-    if not isinstance(secrets, dict):
-        return spec
-    hosts = []
-    for h in spec.hosts:
-        given = secrets.get(h.name) if isinstance(secrets.get(h.name), dict) else {}
-        env = {k: given[k] if v == SECRET_MASK and isinstance(given.get(k), str) else v for k, v in h.env.items()}
-        hosts.append(h.model_copy(update={"env": env}))
-    return spec.model_copy(update={"hosts": hosts})
-
-
-def _drop_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_drop_none(v) for v in value]
-    return value
-
-
-def dumps_toml(data: dict) -> str:
-    """Serialize nested plain data (as made by resolved_dict) to TOML."""
-    lines: list[str] = []
-    _emit_table(data, [], lines)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + _TOML_ESCAPE_RE.sub(_toml_escape, v) + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-# A TOML basic string must escape `"`, backslash and every control character but tab.
-_TOML_ESCAPE_RE = re.compile(r'["\\\x00-\x08\x0a-\x1f\x7f]')
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
-
-
-def _toml_escape(m: re.Match) -> str:
-    ch = m.group()
-    return _TOML_ESCAPES.get(ch) or f"\\u{ord(ch):04x}"
-
-
-def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
-
-
-def _emit_table(data: dict, prefix: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in data.items() if not _is_table(v) and not _is_table_array(v)}
-    if prefix and (scalars or not data):
-        lines.append("")
-        lines.append("[" + ".".join(_toml_key(p) for p in prefix) + "]")
-    for k, v in scalars.items():
-        lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    for k, v in data.items():
-        if _is_table(v):
-            _emit_table(v, prefix + [k], lines)
-        elif _is_table_array(v):
-            for item in v:
-                lines.append("")
-                lines.append("[[" + ".".join(_toml_key(p) for p in prefix + [k]) + "]]")
-                for ik, iv in item.items():
-                    lines.append(f"{_toml_key(ik)} = {_toml_value(iv)}")
-
-
-def _is_table(v: Any) -> bool:
-    # Empty maps stay inline (`kwargs = {}`); every other map is a [section], which TOML reads back identically.
-    return isinstance(v, dict) and bool(v)
-
-
-def _is_table_array(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)

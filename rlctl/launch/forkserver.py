@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-from rlctl.rundir import pid_alive
+from rlctl.liveness import pid_alive
 from rlctl.tether import SUPERVISOR_PID_ENV, tether_to_supervisor
 
 FORKED_MODULES = ("rlctl.roles.collector", "rlctl.roles.evaluator", "rlctl.roles.replay", "rlctl.roles.inference")  # they import torch, gymnasium

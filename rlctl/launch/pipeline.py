@@ -20,7 +20,10 @@ from typing import Callable
 
 from rlctl.launch.plan import LaunchPlan, choose_base_port, job_warnings, local_python, machine_warnings, make_plan
 from rlctl.rundir import RunDir, RunLock, new_run_id, runs_root
-from rlctl.job.spec import JobSpec, dumps_toml, host_secrets, load_job, resolved_dict
+from rlctl.job.load import load_job
+from rlctl.job.resolved import host_secrets, resolved_dict
+from rlctl.job.spec import JobSpec
+from rlctl.job.toml_writer import dumps_toml
 from rlctl.run_status import RunStatus
 
 

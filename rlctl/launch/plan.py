@@ -17,22 +17,24 @@ from rlctl.datapaths import DATA_PATHS
 from rlctl.launch.hosts import SECRET_ENV, control_socket, launcher_for
 from rlctl.launch.ports import PortLayout
 from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
-from rlctl.job.spec import AUTO_PORTS, SECRET_MASK, HostSpec, JobSpec
+from rlctl.job.resolved import SECRET_MASK
+from rlctl.job.spec import AUTO_PORTS, HostSpec, JobSpec
+from rlctl.role_names import Role
 
 ROLE_MODULES = {
     **{path.shard_role: path.shard_module for path in DATA_PATHS.values() if path.shard_role},
-    "learner": "rlctl.roles.learner",
-    "collector": "rlctl.roles.collector",
-    "evaluator": "rlctl.roles.evaluator",
-    "inference": "rlctl.roles.inference",
+    Role.LEARNER: "rlctl.roles.learner",
+    Role.COLLECTOR: "rlctl.roles.collector",
+    Role.EVALUATOR: "rlctl.roles.evaluator",
+    Role.INFERENCE: "rlctl.roles.inference",
 }
 # With central inference collectors run this module instead: it steps envs only and imports no torch.
 CENTRAL_COLLECTOR_MODULE = "rlctl.roles.central_collector"
 # Roles the supervisor does not restart: learner ranks are restarted by torchrun (topology.learner_max_restarts),
 # and the end of torchrun ends the run. The others are restarted up to topology.max_restarts within a window.
-CRITICAL_ROLES = frozenset({"learner"})
+CRITICAL_ROLES = frozenset({Role.LEARNER})
 # Roles that write checkpoints (latest.pt and ckpt-N.pt; best.pt): on a remote host they are fetched at the end.
-CHECKPOINT_ROLES = frozenset({"learner", "evaluator"})
+CHECKPOINT_ROLES = frozenset({Role.LEARNER, Role.EVALUATOR})
 LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
 
 
@@ -205,11 +207,11 @@ class ProcessBuilder:
         node_procs = spec.learner_node_procs
         env = {**self.base_env, **h.env, "RLCTL_ROLE": role, "RLCTL_RANK": str(rank), "RLCTL_HOST": h.name,
                "RLCTL_BINDS": json.dumps(binds, sort_keys=True, separators=(",", ":")),
-               "RLCTL_TORCH_THREADS": self.learner_threads(h, node_procs[rank]) if role == "learner" else "1"}
+               "RLCTL_TORCH_THREADS": self.learner_threads(h, node_procs[rank]) if role == Role.LEARNER else "1"}
         if spec.topology.learner_cores == "dedicated" and h.learner:
             node = next(i for i, n in enumerate(self.learner_nodes) if n is h)
             env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{self.learner_threads(h, node_procs[node])}"
-        if self.board and h is self.head and (role == "learner" or role in self.subscribers):
+        if self.board and h is self.head and (role == Role.LEARNER or role in self.subscribers):
             env["RLCTL_WEIGHT_BOARD"] = self.board
         # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
         # otherwise listen on whatever the host name resolves to).
@@ -247,13 +249,13 @@ class ProcessBuilder:
                     "--rdzv-id", self.run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
                     "--monitor-interval", "0.02",
                     "--start-method", "fork",
-                    "-m", ROLE_MODULES["learner"]]
+                    "-m", ROLE_MODULES[Role.LEARNER]]
             bind = self.net.bind(h)
             binds = {"weights": f"tcp://{bind}:{ports.weights}", "rendezvous": f"{bind}:{ports.rendezvous}"}
             first = sum(node_procs[:node])
             for rank in range(first, first + node_procs[node]):
                 binds.update(rank_binds.get(rank, {}))
-            self.add("learner", node, h, ROLE_MODULES["learner"], binds, argv)
+            self.add(Role.LEARNER, node, h, ROLE_MODULES[Role.LEARNER], binds, argv)
 
 
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,
@@ -280,7 +282,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     endpoints: dict[str, object] = {"control": control, "weights": f"tcp://{net.addr(head)}:{ports.weights}",
                                     "rendezvous": f"{net.addr(head)}:{ports.rendezvous}", **data.endpoints}
     if servers:
-        endpoints["inference"] = [f"tcp://{net.addr(h)}:{p}" for h, p in zip(servers, ports.inference)]
+        endpoints[Role.INFERENCE] = [f"tcp://{net.addr(h)}:{p}" for h, p in zip(servers, ports.inference)]
     base_env = {
         "RLCTL_RUN_ID": run_id,
         "RLCTL_JOB": f"{run_dir}/job.toml",
@@ -292,7 +294,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     }
     # Weights reach subscribers on learner rank 0's host through shared memory (rlctl.net.weights), when there are any.
     # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
-    subscribers = {"evaluator", "inference"} if servers else {"evaluator", "collector"}
+    subscribers = {Role.EVALUATOR, Role.INFERENCE} if servers else {Role.EVALUATOR, Role.COLLECTOR}
     board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
                            board_token)
@@ -300,12 +302,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         build.add(p.role, p.rank, p.host, p.module, p.binds)
     build.add_learners(ports, str(endpoints["rendezvous"]), data.rank_binds)
     for rank, h in enumerate(h for h in hosts if h.evaluator):
-        build.add("evaluator", rank, h, ROLE_MODULES["evaluator"], {})
+        build.add(Role.EVALUATOR, rank, h, ROLE_MODULES[Role.EVALUATOR], {})
     for rank, (h, p) in enumerate(zip(servers, ports.inference)):
-        build.add("inference", rank, h, ROLE_MODULES["inference"], {"inference": f"tcp://{net.bind(h)}:{p}"})
-    collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES["collector"]
+        build.add(Role.INFERENCE, rank, h, ROLE_MODULES[Role.INFERENCE], {Role.INFERENCE: f"tcp://{net.bind(h)}:{p}"})
+    collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES[Role.COLLECTOR]
     for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
-        build.add("collector", rank, h, collector_module, {})
+        build.add(Role.COLLECTOR, rank, h, collector_module, {})
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
                       base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
 
@@ -379,7 +381,7 @@ def pinned_cores(value: str | None, role: str, local_rank: int, usable: list[int
     reserved = ranks_n * threads
     if reserved >= len(usable):
         return None
-    if role != "learner":
+    if role != Role.LEARNER:
         return [usable[reserved:]]
     sets = [usable[i * threads:(i + 1) * threads] for i in range(ranks_n)]
     return sets if local_rank < 0 else [sets[local_rank]] if local_rank < ranks_n else None

@@ -13,9 +13,10 @@ import rlctl
 from rlctl.launch.hosts import last_json_line, on_hosts, private_dir, ssh_failure
 from rlctl.launch.plan import LaunchPlan, placement
 from rlctl.job.spec import HostSpec, JobSpec
+from rlctl.role_names import Role
 
 PREFLIGHT_TIMEOUT_S = 30.0
-TORCH_ROLES = frozenset({"learner", "collector", "evaluator", "inference"})
+TORCH_ROLES = frozenset({Role.LEARNER, Role.COLLECTOR, Role.EVALUATOR, Role.INFERENCE})
 
 
 def host_ports(plan: LaunchPlan, host: str) -> list[int]:
@@ -59,7 +60,7 @@ def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIME
     remote = [h for h in placement(spec) if not h.is_local]
     # Collectors of central inference load no torch: a host of only those needs none.
     roles = {h.name: {p.role for p in plan.processes if p.host == h.name
-                      and not (p.role == "collector" and spec.central_inference)} for h in remote}
+                      and not (p.role == Role.COLLECTOR and spec.central_inference)} for h in remote}
 
     def args(h: HostSpec) -> list[str]:
         bind = h.advertise_address or "0.0.0.0"

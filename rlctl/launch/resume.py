@@ -10,8 +10,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, group_alive, resolve_run, runs_root, status_of
-from rlctl.job.spec import JobSpec, host_secrets, load_job, resolved_dict, validate_job, with_host_secrets
+from rlctl.liveness import group_alive
+from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, resolve_run, runs_root, status_of
+from rlctl.job.load import load_job, validate_job
+from rlctl.job.resolved import host_secrets, resolved_dict, with_host_secrets
+from rlctl.job.spec import JobSpec
 
 # What a resumed run may change: its stop criteria, how many of each process run, and where.
 RESUMABLE_KEYS = ("job.stop.", "topology.collectors", "topology.learner_procs", "topology.replay_shards",

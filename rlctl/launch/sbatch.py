@@ -13,7 +13,9 @@ from rlctl.launch.pipeline import LaunchRefused
 from rlctl.launch.plan import local_python
 from rlctl.rundir import RunDir, new_run_id, runs_root
 from rlctl.launch.slurm import SlurmError, sbatch_script, submit
-from rlctl.job.spec import JobSpec, dumps_toml, host_secrets, resolved_dict
+from rlctl.job.resolved import host_secrets, resolved_dict
+from rlctl.job.spec import JobSpec
+from rlctl.job.toml_writer import dumps_toml
 from rlctl.run_status import RunStatus
 
 

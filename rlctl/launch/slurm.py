@@ -13,7 +13,9 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from rlctl.job.spec import JobFileError, JobSpec, resolved_dict, validate_job
+from rlctl.job.load import JobFileError, validate_job
+from rlctl.job.resolved import resolved_dict
+from rlctl.job.spec import JobSpec
 
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # HostSpec.name's pattern
 ADDRESS_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,253}")

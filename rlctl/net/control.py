@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from rlctl import metric_names as M
+from rlctl.role_names import Role
 
 KINDS = frozenset({"hello", "heartbeat"})
 # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
@@ -50,7 +51,7 @@ class ControlMessage:
 def collector_index(sender: str) -> int:
     """`collector-3` -> 3 (-1 for anything else)."""
     match = SENDER.fullmatch(sender)
-    return int(match.group(2)) if match and match.group(1) == "collector" else -1  # ASCII digits: never "²"
+    return int(match.group(2)) if match and match.group(1) == Role.COLLECTOR else -1  # ASCII digits: never "²"
 
 
 def _int(value: object, what: str, low: int = 0, high: int = 1 << 31) -> int:

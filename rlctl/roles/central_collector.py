@@ -23,6 +23,7 @@ from rlctl.net import wire
 from rlctl.envs import SpaceInfo, env_space_info, make_vec_env
 from rlctl.roles.collector_report import CollectorReport, EpisodeTracker
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main
+from rlctl.role_names import Role
 
 RESEND_FIRST_S, RESEND_MAX_S = 2.0, 30.0  # silence after which a request is sent again (a restarted server)
 
@@ -100,7 +101,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     control = ControlClient(net, rc)
     env = make_vec_env(rc.job.env)
     info = env_space_info(env)
-    servers = rc.endpoints["inference"]
+    servers = rc.endpoints[Role.INFERENCE]
     server = servers[rc.rank % len(servers)]
     client = InferenceClient(net, server, rc.name, env.num_envs, info)
     episodes = EpisodeTracker(env.num_envs)

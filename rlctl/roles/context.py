@@ -17,9 +17,11 @@ import zmq
 from rlctl import events
 from rlctl import metric_names as M
 from rlctl.net import wire
-from rlctl.rundir import pid_alive
-from rlctl.job.spec import JobSpec, load_job
+from rlctl.liveness import pid_alive
+from rlctl.job.load import load_job
+from rlctl.job.spec import JobSpec
 from rlctl.tether import SUPERVISOR_PID_ENV
+from rlctl.role_names import Role
 
 
 @dataclass
@@ -44,7 +46,7 @@ class RoleContext:
         """Build from the environment; learners take their rank from torchrun (RANK, WORLD_SIZE)."""
         env = os.environ
         role = env["RLCTL_ROLE"]
-        rank = int(env["RANK"]) if role == "learner" else int(env["RLCTL_RANK"])
+        rank = int(env["RANK"]) if role == Role.LEARNER else int(env["RLCTL_RANK"])
         endpoints = json.loads(env["RLCTL_ENDPOINTS"])
         if env.get("RLCTL_CONTROL"):  # on a remote host: the SSH session's forward of the supervisor's socket
             endpoints["control"] = env["RLCTL_CONTROL"]
@@ -65,7 +67,7 @@ class RoleContext:
     @property
     def seed(self) -> int:
         """This process's seed, derived from the job seed so processes differ but runs repeat."""
-        return self.job.job.seed * 1000 + {"learner": 0, "replay": 100, "collector": 200, "inference": 300, "evaluator": 900}[self.role] + self.rank
+        return self.job.job.seed * 1000 + {Role.LEARNER: 0, Role.REPLAY_SHARD: 100, Role.COLLECTOR: 200, Role.INFERENCE: 300, Role.EVALUATOR: 900}[self.role] + self.rank
 
 
 def _weight_board(path: str | None) -> str | None:

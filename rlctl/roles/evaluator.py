@@ -18,7 +18,8 @@ from rlctl.envs import SpaceInfo, make_vec_env, probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.net.weights import WeightSubscriber
 from rlctl.checkpoint import save_checkpoint
-from rlctl.job.spec import EnvSpec, resolved_dict
+from rlctl.job.resolved import resolved_dict
+from rlctl.job.spec import EnvSpec
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,

@@ -36,6 +36,7 @@ from rlctl.envs import SpaceInfo, probe_space_info
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.net.control import collector_index
 from rlctl.net.weights import WeightSubscriber
+from rlctl.role_names import Role
 
 ACTIVE_S = 1.0  # a collector heard from within this long is one a batch waits for (up to the deadline)
 SESSION_IDLE_S = 60.0  # a session silent this long, with no request being served, is forgotten (its collector is gone)
@@ -128,7 +129,7 @@ class InferenceServer:
         self.admission = wire.Admission(rc.keys, collector=wire.OWN_NAME)  # a collector asks for itself only
         obs_frame = n_envs * self.info.obs_bytes
         # Requests queue in ZeroMQ, not in kernel buffers of 64 KB: one step of every collector at most, each.
-        self.sock = self.net.server(zmq.ROUTER, rc.binds["inference"], router_mandatory=1, sndhwm=1000,
+        self.sock = self.net.server(zmq.ROUTER, rc.binds[Role.INFERENCE], router_mandatory=1, sndhwm=1000,
                                     rcvhwm=1000, maxmsgsize=wire.CONTROL_MAXMSGSIZE + obs_frame)
         self.actor_class = job.algorithm_entry.load("actor")
         # Collector c's experience goes through senders[c % len(senders)] (one to every shard, or one per rank).

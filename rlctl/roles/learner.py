@@ -28,7 +28,7 @@ from rlctl.envs import probe_space_info
 from rlctl.models import parameter_digest
 from rlctl.launch.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
-from rlctl.job.spec import resolved_dict
+from rlctl.job.resolved import resolved_dict
 from rlctl.net.weights import WeightPublisher
 
 # While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends

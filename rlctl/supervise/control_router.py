@@ -15,13 +15,14 @@ import zmq
 
 from rlctl.net import wire
 from rlctl.net.control import ControlError, ControlMessage, parse_control
+from rlctl.role_names import Role
 
 if TYPE_CHECKING:
     from rlctl.launch.plan import ProcessSpec
     from rlctl.supervise.process_table import ProcessHandle
     from rlctl.job.spec import JobSpec
 
-BINDING_ROLES = frozenset({"learner", "replay", "inference"})  # processes that bind sockets, and so hold the server secret
+BINDING_ROLES = frozenset({Role.LEARNER, Role.REPLAY_SHARD, Role.INFERENCE})  # processes that bind sockets, and so hold the server secret
 
 Handler = Callable[["ProcessHandle", ControlMessage], None]
 
@@ -78,7 +79,7 @@ class ControlRouter:
 
     def _sender(self, msg: ControlMessage, peer: str | None) -> ProcessHandle:
         """The process a message is from: the one its claimed name resolves to, if CURVE authenticated its key."""
-        if msg.role == "learner":
+        if msg.role == Role.LEARNER:
             # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
             if msg.rank >= self.spec.learner_ranks:
                 raise ControlError(f"no learner rank {msg.rank}")

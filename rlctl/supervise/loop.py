@@ -27,9 +27,12 @@ from rlctl.supervise.process_table import ProcessHandle, ProcessTable
 from rlctl.supervise.remote_cleanup import finish_remote
 from rlctl.supervise.run_state import RunEnd, RunState
 from rlctl.rundir import RunDir, remove_weight_board
-from rlctl.job.spec import JobSpec, load_job, with_host_secrets
+from rlctl.job.load import load_job
+from rlctl.job.resolved import with_host_secrets
+from rlctl.job.spec import JobSpec
 from rlctl.supervise.stop_progress import StopProgress, stop_progress
 from rlctl.run_status import RunStatus
+from rlctl.role_names import Role
 
 STATE_INTERVAL_S = 0.5
 STOP_GRACE_S = 20.0
@@ -177,7 +180,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Everything at once, except replay shards, which outlive the learners (a last update samples from them);
         SIGKILL after the grace."""
-        learners, shards = self.table.of_role("learner"), self.table.of_role(self.spec.data_path.shard_role)
+        learners, shards = self.table.of_role(Role.LEARNER), self.table.of_role(self.spec.data_path.shard_role)
         others = [h for h in self.table.handles if h not in learners and h not in shards]
         self.signals_at_shutdown = self.stop_signals
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so

@@ -11,7 +11,9 @@ from rlctl import metric_names as M
 from rlctl.net.control import ControlMessage
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table, last_step
 from rlctl.rundir import RunDir
-from rlctl.job.spec import JobSpec, resolved_dict
+from rlctl.job.resolved import resolved_dict
+from rlctl.job.spec import JobSpec
+from rlctl.role_names import Role
 
 RETURN_HISTORY = 40  # points of the mean training return kept in state.json, one per metrics interval
 
@@ -40,10 +42,10 @@ class MetricsSink:
         """One heartbeat's figures into the hub; the process's merged figures (None for a learner rank other than
         0, which the hub keeps per rank)."""
         metrics = {**msg.metrics, **msg.episodes}
-        if msg.role == "learner":
+        if msg.role == Role.LEARNER:
             metrics["rank"] = msg.rank
             if msg.rank != 0:
-                self.hub.on_heartbeat(f"learner-rank{msg.rank}", "learner", metrics)
+                self.hub.on_heartbeat(f"learner-rank{msg.rank}", Role.LEARNER, metrics)
                 return None
         self.hub.on_heartbeat(name, role, metrics)
         return self.hub.latest.get(name, {})

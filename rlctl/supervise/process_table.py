@@ -25,10 +25,11 @@ from rlctl.launch.hosts import ATTEMPT
 from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved
 from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
 from rlctl.supervise.run_state import RunEnd
-from rlctl.rundir import group_alive, process_start_time
+from rlctl.liveness import group_alive, process_start_time
 from rlctl.launch.slurm import job_nodes
 from rlctl.job.spec import JobSpec
 from rlctl.run_status import RunStatus
+from rlctl.role_names import Role
 
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
 LOG_TAIL_LINES = 20
@@ -197,7 +198,7 @@ class ProcessTable:
         """A validated hello or heartbeat from `h`: it is alive; a learner's new rank is noted by its pid."""
         h.last_heartbeat = now
         h.life.heard()
-        if msg.role == "learner" and msg.pid is not None and msg.pid not in h.killed_ranks:
+        if msg.role == Role.LEARNER and msg.pid is not None and msg.pid not in h.killed_ranks:
             h.rank_pids[msg.rank] = msg.pid
             if h.life.state is ProcState.RANKS_RESTARTING:  # torchrun started new ranks for the killed ones
                 h.life.ranks_back()
@@ -248,7 +249,7 @@ class ProcessTable:
         if h.spec.host not in self.lost_nodes:
             self.lost_nodes.add(h.spec.host)
             print(f"rlctl: node {h.spec.host} left Slurm job {self.slurm_job}", file=sys.stderr, flush=True)
-        if h.spec.role != "collector":
+        if h.spec.role != Role.COLLECTOR:
             failure = h.failure_record()
             h.life.lose()
             return RunEnd(RunStatus.FAILED, f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}", failure)
@@ -277,8 +278,8 @@ class ProcessTable:
     def _can_lose(self, h: ProcessHandle) -> bool:
         """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
         remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
-        others = [o for o in self.handles if o.spec.role == "collector" and o is not h]
-        return (h.spec.role == "collector" and h.spec.remote and h.last_exit == SSH_FAILED
+        others = [o for o in self.handles if o.spec.role == Role.COLLECTOR and o is not h]
+        return (h.spec.role == Role.COLLECTOR and h.spec.remote and h.last_exit == SSH_FAILED
                 and not self.spec.algorithm_entry.synchronous
                 and any(o.life.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
@@ -299,7 +300,7 @@ class ProcessTable:
                 silence = h.life.silent_for(h.last_heartbeat, now)
                 if silence is None:
                     continue
-                by_ranks = h.spec.role == "learner" and bool(h.rank_pids) and not h.spec.remote
+                by_ranks = h.spec.role == Role.LEARNER and bool(h.rank_pids) and not h.spec.remote
                 h.life.silent(silence, now, by_ranks)
             print(f"rlctl: {h.spec.name} {h.life.note}", file=sys.stderr, flush=True)
             h.last_heartbeat = now  # one kill per silence; the restart (or torchrun's) gives it a fresh start

@@ -42,7 +42,7 @@ def confirm_remote_hosts(rd: RunDir, fetch_checkpoints: bool = False) -> bool:
     if not remote:
         return True
     from rlctl.launch.hosts import sweep_hosts
-    from rlctl.job.spec import load_job
+    from rlctl.job.load import load_job
 
     hosts = [h for h in load_job(rd.job_toml).hosts if h.name in remote]
     slurm_jobs = {h.slurm_job for h in hosts if h.slurm_job is not None}

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Callable
 
 from rlctl import metric_names as M
 from rlctl.supervise.restart_policy import SSH_FAILED, ProcState
-from rlctl.rundir import RunDir, process_start_time
+from rlctl.liveness import process_start_time
+from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
+from rlctl.role_names import Role
 
 if TYPE_CHECKING:
     from rlctl.supervise.metrics_sink import MetricsSink
@@ -26,11 +28,11 @@ if TYPE_CHECKING:
     from rlctl.job.spec import JobSpec
 
 RATE_KEYS = {  # the one figure shown per process in the live table
-    "collector": (M.ENV_STEPS_PER_S, "env steps/s"),
-    "learner": (M.SAMPLES_PER_S, "samples/s"),
-    "replay": (M.REPLAY_INSERT_PER_S, "inserts/s"),
-    "evaluator": (M.EVAL_RETURN_MEAN, "eval return"),
-    "inference": (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
+    Role.COLLECTOR: (M.ENV_STEPS_PER_S, "env steps/s"),
+    Role.LEARNER: (M.SAMPLES_PER_S, "samples/s"),
+    Role.REPLAY_SHARD: (M.REPLAY_INSERT_PER_S, "inserts/s"),
+    Role.EVALUATOR: (M.EVAL_RETURN_MEAN, "eval return"),
+    Role.INFERENCE: (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
 }
 
 

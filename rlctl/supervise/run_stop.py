@@ -12,7 +12,8 @@ import sys
 import time
 
 from rlctl.supervise.remote_cleanup import confirm_remote_hosts
-from rlctl.rundir import (OVER_STATES, TERMINAL_STATES, RunDir, group_alive, pid_alive, remove_weight_board, same_process)
+from rlctl.liveness import group_alive, pid_alive, same_process
+from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, remove_weight_board
 from rlctl.run_status import RunStatus
 
 

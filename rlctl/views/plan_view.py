@@ -7,6 +7,7 @@ import shlex
 
 from rlctl.launch.plan import LaunchPlan, ProcessSpec, core_ranges, pinned_cores, usable_cpu_ids
 from rlctl.job.spec import JobSpec
+from rlctl.role_names import Role
 
 OWN_ENV = ("RLCTL_ROLE", "RLCTL_RANK", "RLCTL_HOST", "RLCTL_BINDS", "RLCTL_TORCH_THREADS", "RLCTL_LEARNER_CORES")
 
@@ -48,6 +49,6 @@ def cores_text(proc: ProcessSpec, hosts: list[dict]) -> str:
     if not next(h["local"] for h in hosts if h["name"] == proc.host):
         threads = value.partition(":")[2]
         mine = "one per torch thread" if ":" in threads else threads
-        return "  cores=" + (f"{mine} of its own" if proc.role == "learner" else "those the learner ranks leave")
-    sets = pinned_cores(value, proc.role, -1 if proc.role == "learner" else 0, usable_cpu_ids())
+        return "  cores=" + (f"{mine} of its own" if proc.role == Role.LEARNER else "those the learner ranks leave")
+    sets = pinned_cores(value, proc.role, -1 if proc.role == Role.LEARNER else 0, usable_cpu_ids())
     return "  cores=" + (" | ".join(map(core_ranges, sets)) if sets else "all (too few to dedicate)")

@@ -1,0 +1,17 @@
+"""The roles a job's processes play, as the plan, state.json and heartbeats name them: one name for each, used
+everywhere (plain strings, so that a plan or state.json read back compares equal without conversion)."""
+
+from __future__ import annotations
+
+
+class Role:
+    """A process's role (its `RLCTL_ROLE`, the prefix of its name "collector-3")."""
+
+    LEARNER = "learner"
+    COLLECTOR = "collector"
+    REPLAY_SHARD = "replay"  # the replay data path's shard process (rlctl.datapaths.replay)
+    EVALUATOR = "evaluator"
+    INFERENCE = "inference"  # a central-inference server (SEED-RL style)
+
+
+ROLES = frozenset(v for k, v in vars(Role).items() if k.isupper())
