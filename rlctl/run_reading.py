@@ -49,7 +49,8 @@ def closed_segments(state: dict) -> list[dict]:
     """The segments of a run that is over, each with an end: a segment whose supervisor died ends at the run's last
     sign of life (updated_at) if it is the last, else where it started (nothing tells how long it ran)."""
     listed = segments(state)
-    last_word = _num(state.get("ended_at")) or _num(state.get("updated_at"))
+    # Not the run's ended_at: `rlctl stop` of a lost run sets that when it ends the orphans, maybe days later.
+    last_word = _num(state.get("updated_at")) or _num(state.get("ended_at"))
     out = []
     for i, s in enumerate(listed):
         end = s["ended_at"]

@@ -83,6 +83,10 @@ def test_elapsed_adds_up_every_segment_and_started_is_the_first_one():
     lost = {**running, "supervisor_start": None, "updated_at": T0 + 101.0}
     assert run_reading.elapsed_s(lost, now=T0 + 999.0) == 11.0
     assert run_reading.closed_segments(lost)[-1] == {"started_at": T0 + 100.0, "ended_at": T0 + 101.0}
+    # `rlctl stop` of the lost run, a day later, ends its orphans: the segment still ended at its last sign of life.
+    stopped = {**lost, "status": "stopped", "ended_at": T0 + 86400.0}
+    assert run_reading.elapsed_s(stopped) == 11.0
+    assert run_reading.closed_segments(stopped)[-1]["ended_at"] == T0 + 101.0
     assert run_reading.elapsed_s({"status": "stopped", "started_at": T0, "ended_at": T0 + 3.0}) == 3.0  # no list
 
 
