@@ -40,14 +40,15 @@ STOP_GRACE_S = 20.0
 
 class StopCriteria:
     """The job's stop rules over the run-level metrics; returns the reason once one is met (rlctl.supervise.stop_progress:
-    the same computation the progress lines show)."""
+    the same computation the progress lines show). Wall time counts every segment of a resumed run."""
 
-    def __init__(self, spec: JobSpec, started: float):
-        self.stop, self.started = spec.job.stop.model_dump(), started
+    def __init__(self, spec: JobSpec, started: float, elapsed_before: float = 0.0):
+        self.stop, self.started, self.elapsed_before = spec.job.stop.model_dump(), started, elapsed_before
 
     def met(self, m: dict, episodes_seen: int, now: float) -> StopProgress | None:
         """The first criterion met, or None."""
-        return next((p for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+        elapsed = self.elapsed_before + now - self.started
+        return next((p for p in stop_progress(self.stop, m, elapsed, episodes_seen) if p.met), None)
 
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
@@ -104,13 +105,13 @@ class Supervisor:
         self.starter.start_all(self.table.handles, stopping=lambda: self.stop_signals > 0,
                                meanwhile=lambda: self._keep_in_touch(20))
         # TensorBoard's import takes ~0.2 s: only once every process is on its way.
-        self.sink.open_tensorboard(self.run_state.started_at)
+        self.sink.open_tensorboard(self.run_state.segment_started_at)
         self.run_state.status = RunStatus.RUNNING
         self._loop()
 
     def _loop(self) -> None:
         """Watch until a signal, the end of the run (a process that failed, a stop rule met) or a fault."""
-        criteria = StopCriteria(self.spec, self.run_state.started_at)
+        criteria = StopCriteria(self.spec, self.run_state.segment_started_at, self.run_state.elapsed_before)
         next_state = next_point = 0.0
         while not self.stop_signals:
             self._keep_in_touch(100)
@@ -165,7 +166,7 @@ class Supervisor:
         state.ended_at = time.time()
         if state.status == RunStatus.STOPPING:
             state.status = RunStatus.FINISHED if reached else RunStatus.STOPPED
-        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.started_at))
+        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.segment_started_at))
         self.starter.close()
         state.publish_final()
         self.router.close()
