@@ -200,22 +200,37 @@ def test_follow_logs_new_file_partial_writes_and_termination(tmp_path):
     run.write_state({**run.read_state(), "status": "finished"})
     thread.join(timeout=5)
     assert not thread.is_alive()
-    assert [t for _, _, t in got] == ["old line", "hello", "last words"]
+    # The supervisor wrote no end line (a state written by hand): one is made from state.json.
+    assert [t for _, _, t in got] == ["old line", "hello", "last words", "run finished after 0.0s: finished"]
 
 
-def test_follow_logs_start_at_end_and_lost_run(tmp_path):
-    run = make_run(tmp_path, supervisor_pid=dead_pid())
-    write_log(run, "collector-0", [(T0, "before")])
-    # Lost run: reads what is there, then returns immediately.
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, start_at_end=True)] == []
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["before"]
+def test_follow_logs_tail_and_lost_run(tmp_path):
+    run = make_run(tmp_path, supervisor_pid=dead_pid(), started_at=T0, updated_at=T0 + 7)
+    write_log(run, "collector-0", [(T0, "before"), (T0 + 1, "last")])
+    # Lost run: reads what is there, then returns immediately with an end line saying so.
+    lost = "run lost after 7.0s: its supervisor is gone"
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, tail=1)] == ["last", lost]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, tail=0)] == [lost]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["before", "last", lost]
+
+
+def test_follow_logs_with_a_tail_misses_no_line_written_after_it(tmp_path):
+    run = make_run(tmp_path)
+    write_log(run, "collector-0", [(T0, "a"), (T0 + 1, "b")])
+    follower = run_logs.follow_logs(run, poll_s=0.01, tail=1)
+    assert next(follower)[2] == "b"  # the tail is read; the follower has not polled yet
+    write_log(run, "collector-0", [(T0 + 2, "c")], mode="a")  # between the tail and the first poll
+    write_log(run, "supervisor", [(T0 + 3, run_logs.end_line_text("finished", "done", 3.0))])
+    run.write_state({**run.read_state(), "status": "finished"})
+    assert [t for _, _, t in follower] == ["c", "run finished after 3.0s: done"]  # the supervisor's, not a second
 
 
 def test_follow_logs_merges_a_round_by_time(tmp_path):
-    run = make_run(tmp_path, status="stopped")
+    run = make_run(tmp_path, status="stopped", started_at=T0, ended_at=T0 + 4, exit_reason="stopped by SIGTERM")
     write_log(run, "learner-0", [(T0 + 2, "l2")])
     write_log(run, "collector-0", [(T0 + 1, "c1"), (T0 + 3, "c3")])
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["c1", "l2", "c3"]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == [
+        "c1", "l2", "c3", "run stopped after 4.0s: stopped by SIGTERM"]
 
 
 # ---------------------------------------------------------------- console

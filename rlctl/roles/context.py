@@ -18,6 +18,7 @@ from rlctl import events
 from rlctl import metric_names as M
 from rlctl.net import wire
 from rlctl.liveness import pid_alive
+from rlctl.run_logs import stamp
 from rlctl.job.load import load_job
 from rlctl.job.spec import JobSpec
 from rlctl.tether import SUPERVISOR_PID_ENV
@@ -167,10 +168,9 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
                 os.close(out)
             except OSError:
                 pass
-        now = time.time()
         why = f"supervisor (pid {pid}) is gone: stopping"
         gone = events.line("exit", reason=events.EXIT_SUPERVISOR_GONE, detail=why)
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} {gone}", flush=True)
+        print(f"{stamp()} {gone}", flush=True)
         on_gone()
         time.sleep(grace_s)
         os._exit(3)
