@@ -276,13 +276,17 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
     con.print(run_view({**state, "status": rd.effective_status(state)}, live=False))
 
 
+FollowOpt = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends, then print its end line.")
+LogRoleOpt = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference, "
+                                               "supervisor).")
+LogJsonOpt = typer.Option(False, "--json", help="One JSON object per line: ts (epoch seconds), source, text.")
+
+
 @app.command()
-def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends, then print its end line."),
-         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference, supervisor)."),
+def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[str] = LogRoleOpt,
          rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
-         as_json: bool = typer.Option(False, "--json", help="One JSON object per line: ts (epoch seconds), source, text."),
-         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+         as_json: bool = LogJsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Merged log lines of a run, prefixed by process, ordered by time."""
     from rlctl.role_names import LOG_SOURCES
     from rlctl.run_logs import follow_logs, merged_log_lines

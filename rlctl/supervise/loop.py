@@ -97,7 +97,8 @@ class Supervisor:
     def _start_and_watch(self) -> None:
         """Bind the control socket, start every process, then watch them until the run ends."""
         self.router.open()
-        self.log.write(f"starting {len(self.table.handles)} processes on {', '.join(h.name for h in self.spec.hosts)}")
+        hosts = ", ".join(h["name"] for h in self.plan.hosts)
+        self.log.write(f"starting {len(self.table.handles)} processes ({self.plan.algorithm}) on {hosts}")
         self.run_state.status = RunStatus.STARTING
         self.run_state.publish()
         # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
