@@ -310,28 +310,29 @@ def watch(run: Optional[str] = RunArg,
     raise typer.Exit(exit_code(state["status"]))
 
 
+FollowOpt = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends, then print its end line.")
+LogRoleOpt = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference, "
+                                               "supervisor).")
+LogJsonOpt = typer.Option(False, "--json", help="One JSON object per line: ts (epoch seconds), source, text.")
+
+
 @app.command()
-def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
-         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference)."),
+def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[str] = LogRoleOpt,
          rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
-         runs_dir: Optional[Path] = RunsDirOpt) -> None:
+         as_json: bool = LogJsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Merged log lines of a run, prefixed by process, ordered by time."""
-    from rlctl.views.console import get_console, log_line_markup
+    from rlctl.role_names import LOG_SOURCES
     from rlctl.run_logs import follow_logs, merged_log_lines
+    from rlctl.views.console import log_printer
 
+    if role is not None and role not in LOG_SOURCES:
+        raise _bad_input(f"rlctl logs: no role {role!r}; known roles: {', '.join(sorted(LOG_SOURCES))}")
     rd = _resolve(runs_dir, run)
-    con = get_console()
+    show = log_printer(as_json)
     try:
-        if follow:
-            if tail is not None:
-                for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
-                    con.print(log_line_markup(src, text, ts))
-            for ts, src, text in follow_logs(rd, role, rank, start_at_end=tail is not None):
-                con.print(log_line_markup(src, text, ts))
-        else:
-            for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
-                con.print(log_line_markup(src, text, ts))
+        for entry in (follow_logs if follow else merged_log_lines)(rd, role, rank, tail=tail):
+            show(entry)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     except BrokenPipeError:  # `rlctl logs | head`

@@ -126,6 +126,36 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     assert len(tail) == 2 and all("learner-0 |" in line for line in tail), tail
 
 
+def test_logs_follow_prints_every_line_of_a_finished_run_as_logs_does_ending_with_its_end_line(tmp_path):
+    # Three short runs at once, each followed from its start: what `logs -f` printed is what `logs` prints after,
+    # to the learner's last words and the supervisor's end line; the logs say how the runs went as they went.
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs), "COLUMNS": "200"}
+    followers = {}
+    for i in range(3):
+        job = small_job(tmp_path, name=f"follow{i}", stop="env_steps = 4000\nwall_s = 90")
+        job.write_text(job.read_text().replace("evaluator = true", "evaluator = false")
+                       .replace("metrics_interval_s = 0.3", "metrics_interval_s = 0.2\nlog_interval_s = 0.5"))
+        run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=60).stdout.strip().splitlines()[0]
+        followers[run_id] = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "-f", run_id], text=True,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+    for run_id, follower in followers.items():
+        followed, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+        state = read_state(runs / run_id)
+        assert state["status"] == "finished", state.get("exit_reason")
+        assert followed == run_cli(["logs", run_id], env=env).stdout
+        lines = followed.splitlines()
+        assert re.search(r"supervisor \| run finished after [\d.]+s: charts/env_steps \d+ >= 4000$", lines[-1]), lines
+        assert any(re.search(r"learner-0 \| stopped after \d+ updates", line) for line in lines), lines
+        # The process name once a line, and metrics lines between start and end.
+        assert not [line for line in lines if re.search(r"(\S+-\d) \| \1:", line)], lines
+        collector = [line for line in lines if "collector-0 | metrics env_steps=" in line]
+        learner = [line for line in lines if "learner-0 | metrics updates=" in line]
+        assert collector and " env_steps/s=" in collector[-1] and " return_mean=" in collector[-1], lines
+        assert learner and " td_loss=" in learner[-1] and " samples/s=" in learner[-1], lines
+
+
 @pytest.mark.slow  # end to end with real processes: the slow tier
 def test_killed_collector_and_replay_shard_are_restarted_until_their_restarts_run_out(tmp_path):
     job = small_job(tmp_path, name="faults", stop="wall_s = 300", max_restarts=1)

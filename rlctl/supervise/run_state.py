@@ -103,10 +103,11 @@ class RunState:
     def fail_self(self, exc: BaseException) -> None:
         """Record a fault of the supervisor's own (a full disk, a bug) as the run's failure, once."""
         traceback.print_exception(exc, file=sys.stderr)
-        if self.status != RunStatus.FAILED:
-            self.status = RunStatus.FAILED
+        # A failed run winding down is "stopping" on disk, with its first failure kept.
+        if self.status != RunStatus.FAILED and self.failure is None:
             self.exit_reason = f"supervisor error: {type(exc).__name__}: {exc}"
             self.failure = {"process": "supervisor", "error": f"{type(exc).__name__}: {exc}"}
+        self.status = RunStatus.FAILED
 
     def document(self) -> dict:
         """The state.json document."""

@@ -505,6 +505,18 @@ def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) ->
     return line
 
 
+def log_printer(as_json: bool = False):
+    """A function that prints one log entry (ts, source, text): as a coloured line, or as one JSON object."""
+    if as_json:
+        def show(entry: tuple[float, str, str]) -> None:
+            ts, source, text = entry
+            sys.stdout.write(json.dumps({"ts": round(ts, 3), "source": source, "text": text}) + "\n")
+            sys.stdout.flush()
+        return show
+    con = get_console()
+    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]))
+
+
 def progress_printer(interval_s: float = 5.0):
     """A display callback for non-TTY output: a progress line every interval_s and at the end."""
     last = [0.0]
