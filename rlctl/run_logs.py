@@ -6,6 +6,7 @@ On the fast CLI path (`rlctl logs`): standard library only.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 import re
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Iterator
 
 from rlctl.role_names import SUPERVISOR
-from rlctl.rundir import OVER_STATES, RunDir
+from rlctl.rundir import OVER_STATES, RunDir, parse_log_name
 from rlctl.run_status import RunStatus
 
+HOLD_S = 0.5  # how long a followed line waits for lines stamped before it that are still being written
 _FOLLOW_CHUNK = 8 << 20  # bytes read per file per round, so a huge backlog cannot blow up memory
 
 LogEntry = tuple[float, str, str]  # (timestamp, source such as "collector-0", text)
@@ -104,8 +106,14 @@ def _mtime(path: Path) -> float:
 
 
 def _merge(per_file: list[list[LogEntry]]) -> Iterator[LogEntry]:
-    """Entries of several files merged by timestamp (stable: ties keep file order)."""
-    return heapq.merge(*per_file, key=lambda entry: entry[0])
+    """Entries of several files merged by timestamp; ties in the order of RunDir.log_files (role, then rank), so
+    that a followed stream and a later read agree line for line."""
+    return heapq.merge(*per_file, key=_order)
+
+
+def _order(entry: LogEntry) -> tuple[float, str, int]:
+    role, rank = parse_log_name(Path(entry[1]))
+    return entry[0], role, -1 if rank is None else rank
 
 
 def merged_log_lines(
@@ -220,7 +228,7 @@ def follow_logs(
     them: nothing falls between the two.
 
     Only complete lines are yielded while the run is live. Each poll round yields the new lines of all files merged
-    by timestamp. Returns once the run's effective status is over and every file has been read to its end: the
+    by timestamp, each line once it is HOLD_S old. Returns once the run's effective status is over and every file has been read to its end: the
     supervisor writes a status that is over only after every line of its processes is in their logs (and its own
     end line in logs/supervisor.log), so the round that reads that status first and the files after it misses none.
     """
@@ -229,20 +237,26 @@ def follow_logs(
         paths = rundir.log_files(role, rank)
         cursors = {path: _LogCursor(path, _offset_after_last_line(path)) for path in paths}
         yield from _merged(paths, tail, {path: cursor.offset for path, cursor in cursors.items()})
-    ended = False
+    ended, held = False, []
     while True:
         # Status first, then read: everything written before the run ended is read below.
         over = rundir.effective_status() in OVER_STATES
         for path in rundir.log_files(role, rank):
             cursors.setdefault(path, _LogCursor(path))  # a file that appears later is read from its start
         while True:
-            for entry in _merge([cursor.read_new() for cursor in cursors.values()]):
-                ended = ended or (entry[1] == SUPERVISOR and is_end_line(entry[2]))
-                yield entry
+            held = list(_merge([held, *(cursor.read_new() for cursor in cursors.values())]))
             if not any(cursor.pending for cursor in cursors.values()):
                 break
         if over:
-            yield from _merge([cursor.flush() for cursor in cursors.values()])
+            held = list(_merge([held, *(cursor.flush() for cursor in cursors.values())]))
+        # A line stamped just before another may reach its file just after it: while the run is live, lines wait
+        # until they are HOLD_S old, so that the stream is in the same order as `rlctl logs` gives afterwards.
+        ready = len(held) if over else bisect.bisect_right([ts for ts, _, _ in held], time.time() - HOLD_S)
+        for entry in held[:ready]:
+            ended = ended or (entry[1] == SUPERVISOR and is_end_line(entry[2]))
+            yield entry
+        held = held[ready:]
+        if over:
             end = None if ended else end_entry(rundir)
             if end is not None:
                 yield end

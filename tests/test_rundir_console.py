@@ -266,6 +266,10 @@ def test_metrics_line_is_compact_and_says_the_returns_of_the_episodes_since_the_
     assert line.offer({**beat, M.EPISODE_RETURNS: []}, now=15.0) is None
     assert line.offer({**beat, M.EPISODE_RETURNS: []}, now=20.0).startswith(
         "metrics env_steps=12345 env_steps/s=4100 episodes=0 wait_frac")  # no episode ended: no mean
+    assert line.flush() is None  # nothing offered since that line
+    assert line.offer({**beat, M.COLLECTOR_ENV_STEPS: 13000, M.EPISODE_RETURNS: [30.0]}, now=21.0) is None
+    assert line.flush().startswith("metrics env_steps=13000 env_steps/s=4100 episodes=1 return_mean=30")  # last words
+    assert line.flush() is None
     learner = {M.UPDATES: 58, M.UPDATES_PER_S: 11.6, M.SAMPLES_PER_S: 5939.2, M.POLICY_LOSS: -0.0123,
                M.VALUE_LOSS: 41.27, M.ENTROPY: 0.6, M.WAITING: 0, M.VERSION: 58, M.DIGEST_CHAIN: "ab"}
     assert format_line(learner, []) == ("metrics updates=58 updates/s=11.6 samples/s=5939 policy_loss=-0.0123 "

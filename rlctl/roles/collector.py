@@ -54,6 +54,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                 M.COLLECTOR_WEIGHT_VERSION: weights.version, M.COLLECTOR_SENT: sender.sent,
                 M.NET_DROPPED: weights.dropped})
             step_loop(rc, stop, env, actor, weights, sender, report)
+            control.last_metrics_line()
     finally:
         env.close()
         net.close()

@@ -145,6 +145,12 @@ class ControlClient:
         if line is not None:
             self.rc.say(line)
 
+    def last_metrics_line(self) -> None:
+        """Log the figures of the heartbeats since the last metrics line, if any (called once the role stops)."""
+        line = self.metrics_line.flush()
+        if line is not None:
+            self.rc.say(line)
+
 
 LOG_FILE_ENV = "RLCTL_LOG_FILE"
 ORPHAN_GRACE_S = 4.0  # a process whose supervisor died stops by itself; past this it exits at once

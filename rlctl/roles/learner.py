@@ -266,6 +266,7 @@ class LearnerShell:
             self.checkpoint()
             self.publish()
         digest = parameter_digest(self.model)
+        self.control.last_metrics_line()
         self.control.send("heartbeat", {"pid": os.getpid(), "rank": self.rank, "metrics": {
             "rank": self.rank, M.UPDATES: self.updates, M.VERSION: self.version, M.PARAM_DIGEST: digest,
             M.DIGEST_CHAIN: self.chain, M.FINAL: 1, **self.source.metrics()}})

@@ -72,13 +72,22 @@ class MetricsLine:
         self.interval_s = interval_s
         self.next_at = (time.monotonic() if now is None else now) + interval_s
         self.returns: list[float] = []
+        self.unsaid: dict | None = None  # the latest figures offered since the last line
 
     def offer(self, metrics: dict, now: float | None = None) -> str | None:
         """Take one heartbeat's figures; the line when it is due, else None."""
         self.returns.extend(r for r in metrics.get(M.EPISODE_RETURNS, ()) if isinstance(r, (int, float)))
+        self.unsaid = metrics
         now = time.monotonic() if now is None else now
         if now < self.next_at:
             return None
         self.next_at = now + self.interval_s
-        line, self.returns = format_line(metrics, self.returns), []
+        return self.flush()
+
+    def flush(self) -> str | None:
+        """The line of the figures offered since the last line, if any (a process's last words: a run shorter than
+        the interval still logs its figures)."""
+        if self.unsaid is None:
+            return None
+        line, self.returns, self.unsaid = format_line(self.unsaid, self.returns), [], None
         return line
