@@ -281,15 +281,20 @@ def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
     bare.plan_json.write_text("{}")
     columns, rows = console.runs_table_rows([full, bare])
     table = [dict(zip(columns, map(console._plain_cell, r))) for r in rows]
-    assert table[0]["state"] == "running" and table[0]["env steps"] == "5.0k" and table[0]["hosts"] == "localhost"
+    assert table[0]["state"] == "running" and table[0]["env steps"] == "5,000" and table[0]["hosts"] == "localhost"
     assert table[1]["state"] == "unknown" and table[1]["job"] == "bare"
     header = " | ".join(console.header_lines({"status": "created"}))
     assert "created" in header
-    console.get_console().print(console.live_renderable(
-        {"status": "failed", "exit_reason": "learner-0 exited with code 1",
-         "failure": {"process": "learner-0", "exit_code": 1, "log_tail": ["Traceback", "[red]boom"]}}))
+    failed = {"status": "failed", "exit_reason": "learner-0 exited with code 1 (see its log)",
+              "failure": {"process": "learner-0", "exit_code": 1, "log_tail": ["Traceback", "[red]boom"]}}
+    console.get_console().print(console.run_view(failed, live=False))
     out = capsys.readouterr().out
-    assert "learner-0 exited with code 1" in out and "[red]boom" in out
+    # The exit reason once (the failure block does not say it again), then the process's last lines.
+    assert out.count("exited with code 1") == 1 and "exit: learner-0 exited with code 1 (see its log)" in out
+    assert "[red]boom" in out
+    console.get_console().print(console.live_renderable(failed))
+    # The live display leaves them to the attached `rlctl run`, which prints them after it.
+    assert "exited with code" not in capsys.readouterr().out
 
 
 def test_log_line_markup_prefix_and_stable_colour():
@@ -412,10 +417,11 @@ def test_live_table_and_status_fit_the_terminal_without_splitting_names_hosts_or
                 assert host in text, text
         # The header: one line per concern, each whole.
         assert any("apex-cartpole-hosts-20261201-213332 (apex) | running | 1m25s" in line for line in lines), text
-        assert any("env steps 169.2k (2.0k/s) | return 335.7 | eval 480.0" in line for line in lines)
+        assert any("env steps 169,199 (2.0k/s) | return 335.7 | eval 480.0" in line for line in lines)
         assert any("learner-bound: collectors wait 62% for replay room; learner waits 4%" in line for line in lines)
         assert any(re.search(r"env steps .*56% 169,199 / 300,000 .*ETA 1m05s", line) for line in lines), text
-        assert any(re.search(r"eval return .*33% 480.0 / 475 \(1 of 3 rounds in a row\)", line) for line in lines)
+        # At the target, one round of three: 99% until the rounds are in.
+        assert any(re.search(r"eval return .*99% 480.0 / 475 +1 of 3 in a row", line) for line in lines), text
         if width == 80:
             assert " pid " not in text and "120003" not in text  # pid gives way first
             last = next(line for line in lines if "collector-11" in line)
