@@ -718,8 +718,11 @@ COMPARE_FIGURES = [  # (label, compare_data key, format), in the wide table's or
     ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", format_count),
     ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
     ("eval return", "eval_return_mean", _format_float)]
-# At narrow widths, one row per run: these columns give way, in this order; the run and its time to target never.
-COMPARE_DROP = ["env steps/s", "env steps", "elapsed", "return", "status", "eval return", "env steps to target"]
+# At narrow widths, one row per run under shorter headings; these columns give way, in this order; the run and its
+# time to target never.
+COMPARE_NARROW = {"time to target": "to target", "env steps to target": "steps to target", "eval return": "eval",
+                  "env steps": "steps", "env steps/s": "steps/s"}
+COMPARE_DROP = ["steps/s", "steps", "elapsed", "status", "return", "eval", "steps to target"]
 
 
 def compare_view(runs: list[RunDir]) -> "RenderableType":
@@ -741,14 +744,18 @@ class _CompareView:
             yield wide
             return
         data = list(self.data.values())
-        columns = ["#", "run", *(label for label, _, _ in COMPARE_FIGURES if label != "stopped because")]
-        rows = [[i + 1, run_id, *(fmt(d[key]) for label, key, fmt in COMPARE_FIGURES if label != "stopped because")]
-                for i, (run_id, d) in enumerate(self.data.items())]
+        order = ["time to target", "env steps to target", "eval return", "return", "status", "elapsed", "env steps",
+                 "env steps/s"]
+        figures = sorted((f for f in COMPARE_FIGURES if f[0] in order), key=lambda f: order.index(f[0]))
+        columns = ["#", "run", *(COMPARE_NARROW.get(label, label) for label, _, _ in figures)]
+        rows = [[i + 1, run_id, *(fmt(d[key]) for _, key, fmt in figures)] for i, (run_id, d) in enumerate(self.data.items())]
         table = build_table(None, columns, rows, width, COMPARE_DROP)
         yield table
         left = [c for c in columns if c not in table.columns]
         if left:
-            yield Text(f"left out at {width} columns: {', '.join(left)}: use a wider terminal or --json", style="dim")
+            for line in fit_parts([f"left out at {width} columns: {', '.join(left)}:", "use a wider terminal or --json"],
+                                  width, " "):
+                yield Text(line, style="dim")
         for i, d in enumerate(data):
             if d["exit_reason"]:
                 yield Text(f"{i + 1} stopped because {d['exit_reason']}")
