@@ -629,3 +629,29 @@ def test_compare_of_three_runs_shows_every_run_id_and_its_time_to_target(tmp_pat
         assert "left out at 80 columns:" in text and "use a wider terminal or --json" in text
         assert re.search(r"algorithm.lr +0.001 +0.0003 +0.0005", text), text
         assert "3 stopped because eval/return_mean 476.0 >= 475 (3 rounds in a row)" in text
+
+
+def test_the_supervisor_keeps_a_progress_history_that_the_rates_and_etas_read(tmp_path):
+    """Each metrics point adds [time, env steps, mean return, eval return] to state.json's progress_history."""
+    from rlctl.job.load import validate_job
+    from rlctl.metrics import MetricsHub
+    from rlctl.supervise.metrics_sink import MetricsSink
+    from rlctl.supervise.stop_progress import EVAL, STEPS, window_rate
+
+    job = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})
+    rd = RunDir.create(tmp_path, "t")
+    hub = MetricsHub()
+    sink = MetricsSink(job, rd.run_id, rd, hub, None, own_losses=lambda: (0, 0))
+    sink.open_tensorboard(time.time())
+    try:
+        hub.on_heartbeat("collector-0", "collector", {"env_steps": 1000, "charts/env_steps_per_s": 0.0})
+        sink.write_point()
+        hub.on_heartbeat("collector-0", "collector", {"env_steps": 3000, "episode_returns": [20.0]})
+        hub.on_heartbeat("evaluator-0", "evaluator", {"eval/return_mean": 50.0})
+        sink.write_point()
+    finally:
+        sink.tb.close()
+    first, second = sink.progress_history
+    assert first[STEPS] == 1000 and first[EVAL] is None and second[1:] == [3000, 20.0, 50.0]
+    assert second[0] >= first[0]
+    assert window_rate([[0.0, *first[1:]], [2.0, *second[1:]]]) == 1000.0  # the steps between two points per second
