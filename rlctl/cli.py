@@ -153,9 +153,12 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
     if as_json:
         print_json(p.to_dict())
         return
-    from rlctl.views.plan_view import plan_view
+    from rlctl.views.plan_view import plan_view, verbose_lines
 
-    get_console().print(plan_view(p, spec, verbose))
+    con = get_console()
+    con.print(plan_view(p, spec, verbose))
+    for line in verbose_lines(p) if verbose else []:
+        con.print(line, markup=False, soft_wrap=True)  # whole, however long: the terminal wraps it
 
 
 @app.command()

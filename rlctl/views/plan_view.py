@@ -24,8 +24,8 @@ GAP = "  "
 
 
 def plan_view(p: LaunchPlan, spec: JobSpec, verbose: bool = False) -> "RenderableType":
-    """The plan for a terminal: lines that wrap between words, a table whose cells wrap between words (no value is
-    split across lines), and with `verbose` every command and the shared environment, one per line."""
+    """The plan for a terminal: lines that wrap between words and a table whose cells wrap between words (no value
+    is split across lines); without `verbose`, a pointer to verbose_lines."""
     return _PlanView(p, spec, verbose)
 
 
@@ -48,9 +48,6 @@ class _PlanView:
         if not self.verbose:
             yield Text("")
             yield Text("rlctl plan --verbose: every command and the environment; --json: all of it", style="dim")
-            return
-        for line in verbose_lines(p):
-            yield Text(line, overflow="fold")  # whole: wrapped, never cut
 
 
 def process_table(p: LaunchPlan, width: int) -> "RenderableType":
@@ -105,7 +102,8 @@ def _row_line(cells: list[str], widths: list[int]) -> str:
 
 
 def verbose_lines(p: LaunchPlan) -> list[str]:
-    """Each process's full command, then the environment every process shares."""
+    """Each process's full command, then the environment every process shares (`rlctl plan --verbose` prints them
+    whole, one a line, for copying)."""
     out = [""]
     for x in p.processes:
         out.append(f"{x.name} on {x.host}:")
