@@ -574,7 +574,8 @@ def _failure_text(state: dict) -> "Text | None":
         return None
     said = f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}"
     # The exit line above already says which process ended how: the block adds only what it does not.
-    text = Text("" if str(state.get("exit_reason") or "").startswith(said) else said + "\n", style="bold red")
+    told = str(state.get("exit_reason") or "").startswith(said) or "exit_code" not in failure  # (a supervisor fault)
+    text = Text("" if told else said + "\n", style="bold red")
     tail = failure.get("log_tail")
     for line in tail if isinstance(tail, list) else []:
         text.append(f"  {line}\n", style="red")
