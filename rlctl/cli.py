@@ -133,8 +133,10 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
                                      "submit (cluster.scheduler = \"slurm\"); submit nothing."),
          nodes: Optional[int] = SbatchNodesOpt, partition: Optional[str] = PartitionOpt,
          time_limit: Optional[str] = TimeOpt, account: Optional[str] = AccountOpt,
-         runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Render the launch plan (every process, host, command, port); start nothing."""
+         runs_dir: Optional[Path] = RunsDirOpt,
+         verbose: bool = typer.Option(False, "--verbose", "-v", help="Also every process's full command and the "
+                                      "environment they share.")) -> None:
+    """Render the launch plan (every process, host, port, what it runs); start nothing."""
     from rlctl.views.console import get_console, print_json
 
     spec = _load(job_file)
@@ -151,9 +153,12 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
     if as_json:
         print_json(p.to_dict())
         return
-    from rlctl.views.plan_view import plan_text
+    from rlctl.views.plan_view import plan_view, verbose_lines
 
-    get_console().print(plan_text(p, spec), markup=False, soft_wrap=True)
+    con = get_console()
+    con.print(plan_view(p, spec, verbose))
+    for line in verbose_lines(p) if verbose else []:
+        con.print(line, markup=False, soft_wrap=True)  # whole, however long: the terminal wraps it
 
 
 @app.command()
@@ -360,13 +365,13 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
                                              autocompletion=_complete_run),
             as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures."""
-    from rlctl.views.console import build_table, compare_data, compare_rows, get_console, print_json
+    from rlctl.views.console import compare_data, compare_view, get_console, print_json
 
     dirs = [_resolve(runs_dir, r) for r in runs]
     if as_json:
         print_json(compare_data(dirs))
         return
-    get_console().print(build_table(None, *compare_rows(dirs)))
+    get_console().print(compare_view(dirs))
 
 
 @app.command()

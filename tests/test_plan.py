@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -468,16 +469,65 @@ def test_remote_plan_is_pure(remote_spec):
 # ---------------------------------------------------------------------------------------------- CLI
 
 
+def plan_rows(out: str) -> dict[str, dict[str, str]]:
+    """`rlctl plan`'s process table (as printed to a pipe: one line a row), process -> column -> cell."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("process "))
+    columns = lines[start].split()
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        assert len(cells) == len(columns), (columns, line)
+        rows[cells[0]] = dict(zip(columns, cells))
+    return rows
+
+
 def test_cli_plan_text(tmp_path):
     runs = tmp_path / "runs"
     proc = rlctl("plan", "jobs/apex.toml", "--runs-dir", str(runs))
     assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
-    for needle in ("rlctl.launch.torchrun", "rlctl.roles.replay", "rlctl.roles.collector", "rlctl.roles.evaluator",
-                   "rlctl.roles.learner", "replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"):
-        assert needle in out, needle
+    rows = plan_rows(proc.stdout)
+    assert list(rows) == ["replay-0", "learner-0", "evaluator-0", "collector-0", "collector-1"]
+    assert rows["learner-0"]["runs"] == "rlctl.roles.learner via torchrun" and rows["learner-0"]["role"] == "learner"
+    assert rows["collector-1"]["runs"] == "rlctl.roles.collector" and rows["collector-1"]["rank"] == "1"
+    assert re.fullmatch(r"experience:\d+ sample:\d+", rows["replay-0"]["ports"]) and rows["collector-0"]["ports"] == "-"
+    assert "$ " not in proc.stdout and "RLCTL_ENDPOINTS" not in proc.stdout  # commands and env: --verbose
+    verbose = rlctl("plan", "jobs/apex.toml", "--verbose", "--runs-dir", str(runs)).stdout
+    assert "--start-method fork -m rlctl.roles.learner" in verbose and "  RLCTL_ENDPOINTS={" in verbose
     assert "Traceback" not in proc.stderr
     assert not runs.exists(), "plan must not create anything"
+
+
+def test_plan_at_80_columns_splits_no_word_across_lines(tmp_path):
+    """Issue 30: `rlctl plan` wrapped mid-token ("binds 127." / "0.0.1") and printed ~900-character ssh lines."""
+    from rlctl.launch.pipeline import plan_to_show
+    from rlctl.views.plan_view import plan_view
+
+    for job in (APEX, REPO / "jobs" / "apex-hosts.toml"):
+        spec, p = plan_to_show(load_job(job), tmp_path / "runs")
+        words = {w for line in _plain(plan_view(p, spec), 400).splitlines() for w in line.split()}
+        text = _plain(plan_view(p, spec), 80)
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= 80, text
+        # Every word of a line is a word of the unwrapped plan: none was cut in two.
+        assert all(w in words for line in lines for w in line.split() if w.strip("─")), text
+        for x in p.processes:  # each process's port numbers are in the table, whole
+            for address in x.binds.values():
+                assert re.search(rf"\b{address.rpartition(':')[2]}\b", text)
+        assert "binds 127.0.0.1," in text or "binds 0.0.0.0," in text
+        assert "ssh -o" not in text  # full commands only with --verbose
+
+
+def _plain(renderable, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    con = Console(width=width, record=True, file=io.StringIO())
+    con.print(renderable)
+    return con.export_text()
 
 
 def test_cli_plan_json(tmp_path):
@@ -582,9 +632,9 @@ def test_torch_threads_are_chosen_per_process_and_said_in_the_plan(remote_spec):
     # A number in the job wins.
     spec = apex_job(topology={"learner_threads": 6})
     assert by_name(plan_of(spec))["learner-0"].env["RLCTL_TORCH_THREADS"] == "6"
-    out = rlctl("plan", str(APEX)).stdout
-    assert f"learner-0  role=learner rank=0 host=localhost torch threads={auto_threads(usable_cpus(), 4, 1)}" in out
-    assert "collector-0  role=collector rank=0 host=localhost torch threads=1" in out
+    rows = plan_rows(rlctl("plan", str(APEX)).stdout)
+    assert rows["learner-0"]["threads"] == str(auto_threads(usable_cpus(), 4, 1))
+    assert rows["collector-0"]["threads"] == "1" and rows["collector-0"]["host"] == "localhost"
 
 
 def test_dedicated_learner_cores_split_a_hosts_cpus_between_learner_ranks_and_the_rest():
@@ -622,9 +672,9 @@ def test_dedicated_learner_cores_are_given_to_the_learner_hosts_processes_and_sa
     assert out.returncode == 0, out.stderr
     if usable_cpus() > 1:
         cpus = sorted(os.sched_getaffinity(0))
-        assert f"torch threads=1  cores={cpus[0]}  binds" in out.stdout
-        assert f"collector-0  role=collector rank=0 host=localhost torch threads=1  cores={core_ranges(cpus[1:])}" \
-            in out.stdout
+        rows = plan_rows(out.stdout)
+        assert rows["learner-0"]["threads"] == "1" and rows["learner-0"]["cores"] == str(cpus[0])
+        assert rows["collector-0"]["cores"] == core_ranges(cpus[1:])
     # Learner hosts reached over SSH: the rule, counted there; hosts without a learner pin nothing.
     text = REMOTE_JOB.replace("learner_procs = 2\n", 'learner_procs = 2\nlearner_cores = "dedicated"\n')
     spec = validate_job(tomllib.loads(text.replace('learner = true\n', '').replace(

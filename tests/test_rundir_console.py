@@ -339,15 +339,20 @@ def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
     bare.plan_json.write_text("{}")
     columns, rows = console.runs_table_rows([full, bare])
     table = [dict(zip(columns, map(console._plain_cell, r))) for r in rows]
-    assert table[0]["state"] == "running" and table[0]["env steps"] == "5.0k" and table[0]["hosts"] == "localhost"
+    assert table[0]["state"] == "running" and table[0]["env steps"] == "5,000" and table[0]["hosts"] == "localhost"
     assert table[1]["state"] == "unknown" and table[1]["job"] == "bare"
     header = " | ".join(console.header_lines({"status": "created"}))
     assert "created" in header
-    console.get_console().print(console.live_renderable(
-        {"status": "failed", "exit_reason": "learner-0 exited with code 1",
-         "failure": {"process": "learner-0", "exit_code": 1, "log_tail": ["Traceback", "[red]boom"]}}))
+    failed = {"status": "failed", "exit_reason": "learner-0 exited with code 1 (see its log)",
+              "failure": {"process": "learner-0", "exit_code": 1, "log_tail": ["Traceback", "[red]boom"]}}
+    console.get_console().print(console.run_view(failed, live=False))
     out = capsys.readouterr().out
-    assert "learner-0 exited with code 1" in out and "[red]boom" in out
+    # The exit reason once (the failure block does not say it again), then the process's last lines.
+    assert out.count("exited with code 1") == 1 and "exit: learner-0 exited with code 1 (see its log)" in out
+    assert "[red]boom" in out
+    console.get_console().print(console.live_renderable(failed))
+    # The live display leaves them to the attached `rlctl run`, which prints them after it.
+    assert "exited with code" not in capsys.readouterr().out
 
 
 def test_log_line_markup_prefix_and_stable_colour():
@@ -470,10 +475,11 @@ def test_live_table_and_status_fit_the_terminal_without_splitting_names_hosts_or
                 assert host in text, text
         # The header: one line per concern, each whole.
         assert any("apex-cartpole-hosts-20261201-213332 (apex) | running | 1m25s" in line for line in lines), text
-        assert any("env steps 169.2k (2.0k/s) | return 335.7 | eval 480.0" in line for line in lines)
+        assert any("env steps 169,199 (2.0k/s) | return 335.7 | eval 480.0" in line for line in lines)
         assert any("learner-bound: collectors wait 62% for replay room; learner waits 4%" in line for line in lines)
         assert any(re.search(r"env steps .*56% 169,199 / 300,000 .*ETA 1m05s", line) for line in lines), text
-        assert any(re.search(r"eval return .*33% 480.0 / 475 \(1 of 3 rounds in a row\)", line) for line in lines)
+        # At the target, one round of three: 99% until the rounds are in.
+        assert any(re.search(r"eval return .*99% 480.0 / 475 +1 of 3 in a row", line) for line in lines), text
         if width == 80:
             assert " pid " not in text and "120003" not in text  # pid gives way first
             last = next(line for line in lines if "collector-11" in line)
@@ -564,3 +570,146 @@ def test_commands_that_rewrite_a_run_take_its_lock_in_turn(tmp_path):
     out, err = stop.communicate(timeout=60)
     assert resume.returncode == 2 and "another rlctl command is changing run" in resume.stderr, resume.stderr
     assert stop.returncode == 0 and run.read_state()["status"] == "stopped", err
+
+
+# ---------------------------------------------------------------- issue 30: progress that means something, 80 columns
+
+
+def _render(renderable, width: int) -> str:
+    from rich.console import Console
+
+    con = Console(width=width, record=True, file=io.StringIO())
+    con.print(renderable)
+    return con.export_text()
+
+
+def _progress_state(**over) -> dict:
+    """A running Ape-X job 30 s into its progress history: env steps at 2,300/s (while the collectors' own figure
+    reads 0.0), the eval return rising 0.3 a second to 429 of 475."""
+    state = _busy_state(False)
+    state["metrics"].update({"eval/return_mean": 429.0, "eval/streak": 0, "charts/env_steps_per_s": 0.0})
+    state["stop"]["train_return"] = 475.0
+    state["progress_history"] = [[T0 - 29 + i, 102_499 + 2300 * i, 300.0 + i, 420.3 + 0.3 * i] for i in range(30)]
+    state["return_history"] = [10.0, 50.0, 30.0, 80.0, 90.0, 120.0]
+    return {**state, **over}
+
+
+def test_the_eval_bar_is_the_value_against_its_target_and_a_finished_run_estimates_nothing():
+    """Issue 30: the eval bar read 0% at 429 / 475 (it counted rounds in a row); a finished run kept the wall-time
+    cap's ETA."""
+    from rlctl.supervise.stop_progress import percent, stop_progress
+
+    state = _progress_state()
+    rows = {p.criterion: p for p in console.stop_rows(state, now=T0)}
+    assert rows["eval_return"].fraction == pytest.approx(429 / 475) and percent(rows["eval_return"].fraction) == 90
+    assert rows["eval_return"].note == "0 of 3 in a row"
+    # From its own trend: 0.3 a second, 46 to go.
+    assert rows["eval_return"].eta_s == pytest.approx(46 / 0.3, rel=0.01)
+    assert rows["train_return"].fraction == pytest.approx(335.7 / 475) and rows["train_return"].eta_s is not None
+    assert rows["env_steps"].limit and rows["wall_s"].limit and rows["wall_s"].exact
+    text = _render(console.run_view(state, now=T0, live=False), 80)
+    assert re.search(r"eval return +━+─+ 90% 429.0 / 475 +0 of 3 in a row +ETA 2m33s", text), text
+    assert re.search(r"wall time +━+─+ 14% 1m25s / 10m00s +limit +8m35s left", text), text
+    assert "ETA 57s (env steps)" in text  # the run's end: the step limit comes first
+    # Returns falling: no trend to extrapolate, "—" rather than a number.
+    falling = _progress_state(progress_history=[[T0 - 29 + i, 1000 * i, 300.0 - i, 460.0 - i] for i in range(30)])
+    assert re.search(r"eval return .* ETA —", _render(console.run_view(falling, now=T0, live=False), 80))
+    for status in ("finished", "stopped", "failed"):
+        over = _progress_state(status=status, ended_at=T0, exit_reason="eval/return_mean 480.0 >= 475")
+        text = _render(console.run_view(over, now=T0, live=False), 80)
+        assert "ETA" not in text and " left" not in text, text
+        assert all(p.eta_s is None for p in console.stop_rows(over, now=T0))
+        assert "env steps 169,199 (avg 2.0k/s)" in text and text.count("480.0 >= 475") == 1, text
+    # The supervisor's stop rule reads the same rows: history or not, the same criteria are met.
+    plain = stop_progress(state["stop"], state["metrics"], 85.0, 100)
+    assert [p.met for p in plain] == [p.met for p in rows.values()] and all(p.eta_s is None for p in plain[:2])
+
+
+def test_rates_are_over_a_window_and_counts_are_whole_numbers():
+    """Issue 30: the rate blinked to (0.0/s) while steps advanced; zero printed as `env steps 0.0`."""
+    state = _progress_state()
+    assert "env steps 169,199 (2.3k/s)" in console.header_lines(state, now=T0)[1]
+    assert "env_steps=169199 (2.3k/s)" in console.progress_line(state, now=T0)
+    fresh = {"status": "running", "started_at": T0 - 1, "metrics": {"charts/env_steps": 0}}
+    assert console.header_lines(fresh, now=T0)[1].startswith("env steps 0 |")
+    # A heartbeat late by more than the window: the rate is over the last two points, not zero.
+    late = _progress_state(progress_history=[[T0 - 40, 100_000, None, None], [T0 - 25, 130_000, None, None]])
+    assert "(2.0k/s)" in console.header_lines(late, now=T0)[1]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_header_keeps_eval_return_eta_and_rates_whole_at_80_columns(live):
+    """Issue 30: the live header cut the eval figure (`eval 50…`) to keep the sparkline, and ETAs were cut into
+    plausible wrong values (`ETA 9m`)."""
+    state = _progress_state(run_id="impala-cartpole-long-name-20261201-213332", algorithm="impala")
+    state["metrics"].update({"learner/policy_lag_mean": 1.25, "learner/rollouts_dropped": 12345})
+    for width in (80, 200):
+        text = _render(console.run_view(state, now=T0, live=live), width)
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= width
+        for whole in ("impala-cartpole-long-name-20261201-213332 (impala) | running | 1m25s", "env steps 169,199 (2.3k/s)",
+                      "return 335.7", "eval 429.0", "ETA 57s (env steps)", "policy lag 1.2", "rollouts dropped 12345",
+                      "ETA 2m33s", "8m35s left", "429.0 / 475", "169,199 / 300,000", "1m25s / 10m00s"):
+            assert any(whole in line for line in lines), (whole, text)
+        assert ("▁" in text) == (width == 200), text  # the sparkline gives way first
+        assert "…" not in "".join(line for line in lines if "ETA" in line or "eval" in line)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_compare_of_three_runs_shows_every_run_id_and_its_time_to_target(tmp_path, width):
+    """Issue 30: at 80 columns `rlctl compare` of 3 runs showed the first run's column only and chopped the second
+    mid-word without an ellipsis."""
+    from rlctl.job.load import validate_job
+    from rlctl.job.resolved import resolved_dict
+    from rlctl.job.toml_writer import dumps_toml
+
+    made = []
+    for i, (lr, reason, seconds) in enumerate(((1e-3, "eval/return_mean 480.0 >= 475 (3 rounds in a row)", 120),
+                                               (3e-4, "wall time 600s >= 600s", 600),
+                                               (5e-4, "eval/return_mean 476.0 >= 475 (3 rounds in a row)", 1235))):
+        rd = RunDir.create(tmp_path, "apex-cartpole-hosts", now=T0 + i)
+        job = validate_job({"job": {"name": "apex-cartpole-hosts", "stop": {"eval_return": 475.0, "wall_s": 600}},
+                            "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex", "lr": lr}})
+        rd.job_toml.write_text(dumps_toml(resolved_dict(job)))
+        rd.write_state({"run_id": rd.run_id, "status": "finished", "started_at": T0, "ended_at": T0 + seconds,
+                        "exit_reason": reason, "metrics": {"charts/env_steps": 1000 * seconds}})
+        made.append(rd)
+    text = _render(console.compare_view(made), width)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= width
+    for rd, to_target in zip(made, ("2m00s", "not reached", "20m35s")):
+        assert rd.run_id in text, text
+        if width == 80:  # one row per run, its time to target beside it
+            assert re.search(rf"{rd.run_id} +{to_target} ", next(line for line in lines if rd.run_id in line)), text
+    if width == 200:  # one column per run
+        assert re.search(r"time to target +2m00s +not reached +20m35s", text), text
+    else:
+        assert "left out at 80 columns:" in text and "use a wider terminal or --json" in text
+        assert re.search(r"algorithm.lr +0.001 +0.0003 +0.0005", text), text
+        assert "3 stopped because eval/return_mean 476.0 >= 475 (3 rounds in a row)" in text
+
+
+def test_the_supervisor_keeps_a_progress_history_that_the_rates_and_etas_read(tmp_path):
+    """Each metrics point adds [time, env steps, mean return, eval return] to state.json's progress_history."""
+    from rlctl.job.load import validate_job
+    from rlctl.metrics import MetricsHub
+    from rlctl.supervise.metrics_sink import MetricsSink
+    from rlctl.supervise.stop_progress import EVAL, STEPS, window_rate
+
+    job = validate_job({"job": {"name": "t"}, "env": {"id": "CartPole-v1"}, "algorithm": {"name": "apex"}})
+    rd = RunDir.create(tmp_path, "t")
+    hub = MetricsHub()
+    sink = MetricsSink(job, rd.run_id, rd, hub, None, own_losses=lambda: (0, 0))
+    sink.open_tensorboard(time.time())
+    try:
+        hub.on_heartbeat("collector-0", "collector", {"env_steps": 1000, "charts/env_steps_per_s": 0.0})
+        sink.write_point()
+        hub.on_heartbeat("collector-0", "collector", {"env_steps": 3000, "episode_returns": [20.0]})
+        hub.on_heartbeat("evaluator-0", "evaluator", {"eval/return_mean": 50.0})
+        sink.write_point()
+    finally:
+        sink.tb.close()
+    first, second = sink.progress_history
+    assert first[STEPS] == 1000 and first[EVAL] is None and second[1:] == [3000, 20.0, 50.0]
+    assert second[0] >= first[0]
+    assert window_rate([[0.0, *first[1:]], [2.0, *second[1:]]]) == 1000.0  # the steps between two points per second

@@ -3,6 +3,7 @@ to W&B when the job asks, and the recent mean training return kept for `rlctl st
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Callable
@@ -16,6 +17,7 @@ from rlctl.job.spec import JobSpec
 from rlctl.role_names import Role
 
 RETURN_HISTORY = 40  # points of the mean training return kept in state.json, one per metrics interval
+PROGRESS_HISTORY = 120  # [time, env steps, mean return, eval return] points: the rates and ETAs of rlctl status
 
 # The scalars TensorBoard's HParams tab shows for each run (their last values: the run's final figures).
 HPARAM_METRICS = [M.EPISODE_RETURN_MEAN, M.EVAL_RETURN_MEAN, M.ENV_STEPS, M.ENV_STEPS_PER_S, M.SAMPLES_PER_S]
@@ -29,6 +31,7 @@ class MetricsSink:
         self.spec, self.run_id, self.rundir, self.hub = spec, run_id, rundir, hub
         self.own_losses = own_losses  # (dropped, refused) of the supervisor's own control socket
         self.return_history: deque[float] = deque(maxlen=RETURN_HISTORY)  # the sparkline of rlctl status
+        self.progress_history: deque[list] = deque(maxlen=PROGRESS_HISTORY)  # rlctl.supervise.stop_progress reads it
         self.wandb = None  # rlctl.supervise.wandb_mirror.WandbMirror when the job asks for one
         self.tb: TensorBoardWriter | None = None
         self.tb_floor = -1  # TensorBoard points of this segment come after this step
@@ -85,6 +88,8 @@ class MetricsSink:
             values[M.EPISODE_RETURN] = sum(episodes) / len(episodes)
         if isinstance(snap.get(M.EPISODE_RETURN_MEAN), (int, float)):
             self.return_history.append(float(snap[M.EPISODE_RETURN_MEAN]))
+        self.progress_history.append([round(time.time(), 3), step, _figure(snap, M.EPISODE_RETURN_MEAN),
+                                      _figure(snap, M.EVAL_RETURN_MEAN)])
         self.tb.scalars(values, step)
         self.tb.flush()
         if self.wandb is not None:
@@ -100,3 +105,10 @@ class MetricsSink:
             tb.close()
             if self.wandb is not None:
                 self.wandb.finish(ok)
+
+
+def _figure(snap: dict, key: str) -> float | None:
+    """A figure of the snapshot as a float, None when it has none."""
+    value = snap.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None

@@ -124,6 +124,7 @@ class RunState:
             "segments": self.segments + [{"started_at": self.segment_started_at, "ended_at": self.ended_at}],
             "stop": self.spec.job.stop.model_dump(), "episodes_seen": hub.episodes,
             "return_history": list(self.sink.return_history),
+            "progress_history": list(self.sink.progress_history),
         }
 
     def host_rows(self) -> list[dict]:

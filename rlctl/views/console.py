@@ -21,7 +21,6 @@ from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from rich.console import Console, RenderableType
-    from rich.table import Table
     from rich.text import Text
 
     from rlctl.views.text_table import TextTable
@@ -92,6 +91,11 @@ def format_duration(seconds: float | None) -> str:
         return f"{minutes}m{secs:02d}s"
     hours, rest = divmod(total, 3600)
     return f"{hours}h{rest // 60:02d}m"
+
+
+def format_eta(seconds: float) -> str:
+    """Seconds to go, to the second at most ("57s", "4m05s", "2h03m"): an estimate has no tenths."""
+    return f"{max(0, round(seconds))}s" if round(seconds) < 60 else format_duration(seconds)
 
 
 def format_rate(x: float | None) -> str:
@@ -205,7 +209,7 @@ def _run_row(rundir: RunDir) -> list:
         _styled(rundir.effective_status(state) if state else RunStatus.UNKNOWN),
         _local_time(run_reading.first_started(state)),
         format_duration(_elapsed(state)),
-        format_rate(_num(metrics.get(M.ENV_STEPS))),
+        format_count(metrics.get(M.ENV_STEPS)),
         _format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
         ", ".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "-",
     ]
@@ -293,22 +297,26 @@ def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
     return HOST_COLUMNS, out
 
 
-def header_lines(state: dict, now: float | None = None) -> list[str]:
-    """The run's summary, one line per concern: what and where it is, its figures, then (where they apply) rollout
-    lag, central inference and divergence."""
+def header_lines(state: dict, now: float | None = None, width: int | None = None) -> list[str]:
+    """The run's summary, one line per concern: what and where it is, its figures (env steps and their rate, returns,
+    the ETA), then (where they apply) rollout lag, central inference and divergence. With `width`, a line that does
+    not fit first drops the sparkline, then breaks between its " | " parts: no figure is cut."""
     state = state if isinstance(state, dict) else {}
     metrics = _metrics(state)
     # The run id begins with the job's name: the first line stays short enough for 80 columns.
     run_id = str(state.get("run_id") or state.get("job") or "-")
-    lines = [" | ".join([f"{run_id} ({state.get('algorithm') or '-'})", status_of(state),
-                         format_duration(_elapsed(state, now))]),
-             " | ".join([f"env steps {format_rate(_num(metrics.get(M.ENV_STEPS)))}"
-                         f" ({format_rate(_num(metrics.get(M.ENV_STEPS_PER_S)))}/s)",
-                         f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}" + _spark(state),
-                         f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"])]
+    lines = fit_parts([f"{run_id} ({state.get('algorithm') or '-'})", status_of(state),
+                       format_duration(_elapsed(state, now))], width)
+    figures = [_steps_text(state, now), f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
+               f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"]
+    eta = _eta_text(state, now)
+    if eta:
+        figures.append(eta)
     lag = _rollout_figures(metrics)
     if lag:
-        lines[-1] += f" | policy lag {lag[0]} | rollouts dropped {lag[1]}"
+        figures += [f"policy lag {lag[0]}", f"rollouts dropped {lag[1]}"]
+    sparked = [figures[0], figures[1] + _spark(state), *figures[2:]]
+    lines += fit_parts(sparked if width is None or len(" | ".join(sparked)) <= width else figures, width)
     inference = _inference_figures(metrics)
     if inference:
         lines.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
@@ -321,6 +329,72 @@ def header_lines(state: dict, now: float | None = None) -> list[str]:
     return lines
 
 
+def fit_parts(parts: list[str], width: int | None, sep: str = " | ") -> list[str]:
+    """Parts joined by sep into lines of at most `width` characters, broken only between parts (one line without a
+    width; a part longer than the width alone on its line)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and (width is None or len(lines[-1]) + len(sep) + len(part) <= width):
+            lines[-1] += sep + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def format_count(x: Any) -> str:
+    """A count as a whole number with thousands separators ("169,199", "0"); "-" if missing."""
+    value = _num(x)
+    return "-" if value is None or not math.isfinite(value) else f"{int(value):,}"
+
+
+def _steps_text(state: dict, now: float | None) -> str:
+    """"env steps 169,199 (2.0k/s)": the rate over the last seconds while the run goes, the run's average once it
+    is over."""
+    metrics = _metrics(state)
+    steps = _num(metrics.get(M.ENV_STEPS))
+    text = f"env steps {format_count(steps if steps is not None else 0)}"
+    if status_of(state) in OVER_STATES:
+        elapsed = _elapsed(state, now)
+        return text + (f" (avg {format_rate(steps / elapsed)}/s)" if steps and elapsed else "")
+    rate = _steps_rate(state)
+    return text + (f" ({format_rate(rate)}/s)" if rate is not None else "")
+
+
+def _steps_rate(state: dict) -> float | None:
+    """Env steps per second over the last seconds of the progress history (a collector that reports late never
+    reads as 0.0/s), else as the collectors last reported it."""
+    from rlctl.supervise.stop_progress import window_rate
+
+    rate = window_rate(state.get("progress_history"))
+    return _num(_metrics(state).get(M.ENV_STEPS_PER_S)) if rate is None else rate
+
+
+def stop_rows(state: dict, now: float | None = None) -> list:
+    """The run's stop criteria (rlctl.supervise.stop_progress.StopProgress), with ETAs only while it runs."""
+    from rlctl.supervise.stop_progress import stop_progress
+
+    return stop_progress(state.get("stop"), _metrics(state), _elapsed(state, now), state.get("episodes_seen"),
+                         state.get("progress_history"), over=status_of(state) != RunStatus.RUNNING)
+
+
+def _eta_text(state: dict, now: float | None) -> str | None:
+    """"ETA 1m05s (env steps)": when the run should end, from the criterion expected first ("≤" when another,
+    with no estimate, may come sooner; "—" when none has one). None for a run that is not running or has no
+    criteria."""
+    from rlctl.supervise.stop_progress import run_eta
+
+    if status_of(state) != RunStatus.RUNNING:
+        return None
+    rows = stop_rows(state, now)
+    if not rows:
+        return None
+    eta = run_eta(rows)
+    if eta is None:
+        return "ETA —"
+    seconds, label, bound = eta
+    return f"ETA {'≤' if bound else ''}{format_eta(seconds)} ({label})"
+
+
 def _spark(state: dict) -> str:
     """" ▁▃▅▇" of the recent mean training returns (state.json's return_history), or ""."""
     from rlctl.views.curves import sparkline
@@ -330,40 +404,76 @@ def _spark(state: dict) -> str:
     return f" {line}" if len(line) > 1 else ""
 
 
-def progress_table(state: dict, width: int, now: float | None = None) -> "Table | None":
-    """One row per stop criterion: a bar where it is a fraction, where the run stands against the target, and an
-    ETA at the recent rate where one makes sense (None for a run without stop criteria in its state)."""
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
+def _eta_cell(p, running: bool) -> str:
+    """A criterion's ETA: "8m35s left" of a wall-time limit, "ETA 1m05s", "ETA —" where nothing can be estimated;
+    nothing once it is met or the run is not running."""
+    if not running or p.met:
+        return ""
+    if p.eta_s is None:
+        return "ETA —"
+    return f"{format_eta(p.eta_s)} left" if p.exact else f"ETA {format_eta(p.eta_s)}"
+
+
+def progress_lines(state: dict, width: int, now: float | None = None) -> list["Text"]:
+    """One line per stop criterion: a bar of where its value stands against its target, the percentage, the value
+    and target, what else counts (rounds in a row, the episodes averaged, "limit") and the ETA. Fitted to `width`:
+    the bar shrinks (to 10 columns), then the note ends in "…", then the bar goes; numbers are never cut."""
     from rich.text import Text
 
-    from rlctl.supervise.stop_progress import percent, stop_progress
+    from rlctl.supervise.stop_progress import percent
 
-    rows = stop_progress(state.get("stop"), _metrics(state), _elapsed(state, now), state.get("episodes_seen"))
+    rows = stop_rows(state, now)
     if not rows:
-        return None
-    texts = [p.text() for p in rows]
-    etas = [f"ETA {format_duration(p.eta_s)}" if p.eta_s is not None else "" for p in rows]
-    label_w = max(len(p.label) for p in rows)
-    # The bar takes what the words leave (8 to 30 columns); the words end in "…" only below that.
-    bar_width = max(8, min(30, width - label_w - 4 - max(map(len, texts)) - max(map(len, etas)) - 4))
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True, min_width=label_w)
-    grid.add_column(no_wrap=True, min_width=bar_width)
-    grid.add_column(no_wrap=True, min_width=4, justify="right")
-    grid.add_column(no_wrap=True, overflow="ellipsis")
-    grid.add_column(no_wrap=True)
-    for p, words, eta in zip(rows, texts, etas):
-        bar = ProgressBar(total=1.0, completed=p.fraction, width=bar_width) if p.fraction is not None else \
-            Text(" " * bar_width)
-        grid.add_row(Text(p.label), bar, Text(f"{percent(p.fraction)}%" if p.fraction is not None else ""),
-                     Text(words), Text(eta))
-    return grid
+        return []
+    running = status_of(state) == RunStatus.RUNNING
+    cells = [(p.label, f"{percent(p.fraction)}%" if p.fraction is not None else "", p.text(), _eta_cell(p, running),
+              p.note) for p in rows]
+    w = [max(len(c[i]) for c in cells) for i in range(5)]
+    fixed = w[0] + 1 + w[1] + 1 + w[2] + (1 + w[3] if w[3] else 0)
+    note_w = w[4]
+    bar = min(30, width - fixed - (1 + note_w if note_w else 0) - 1)
+    if bar < 10:
+        bar = 10
+        note_w = max(0, width - fixed - 1 - bar - 1)
+        if note_w < 4:
+            note_w = 0
+            bar = width - fixed - 1
+            bar = bar if bar >= 4 else 0
+    out = []
+    for p, (label, pct, words, eta, note) in zip(rows, cells):
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(f"{label:<{w[0]}} ")
+        if bar:
+            line.append_text(_bar(p.fraction, bar))
+            line.append(" ")
+        line.append(f"{pct:>{w[1]}} {words:<{w[2]}}")
+        if note_w:
+            cut = note if len(note) <= note_w else note[:note_w - 1] + "…"
+            line.append(f" {cut:<{note_w}}", style="dim")
+        if w[3]:
+            line.append(f" {eta:>{w[3]}}")
+        out.append(line)
+    return out
+
+
+def _bar(fraction: float | None, width: int) -> "Text":
+    """A bar of `width` columns, the fraction of it drawn heavy ("━") and the rest light ("─"); blank without one."""
+    from rich.text import Text
+
+    if fraction is None:
+        return Text(" " * width)
+    done = int(round(max(0.0, min(1.0, fraction)) * width))
+    if done == width and fraction < 1.0:
+        done = width - 1  # full only when the criterion is met
+    bar = Text("━" * done, style="green" if fraction >= 1.0 else "magenta")
+    bar.append("─" * (width - done), style="dim")
+    return bar
 
 
 def run_view(state: dict, now: float | None = None, live: bool = True) -> "RenderableType":
     """Header, stop progress and the tables of one run, laid out for the width it is rendered at (the live display
-    and `rlctl status RUN`)."""
+    and `rlctl status RUN`). The live display leaves out the exit reason and the failed process's last lines: the
+    attached `rlctl run` prints them once, after the display ends."""
     return _RunView(state, now, live)
 
 
@@ -378,16 +488,17 @@ class _RunView:
 
         state, width = self.state, options.max_width
         status = status_of(state)
-        lines: list = [Text(line, no_wrap=True, overflow="ellipsis") for line in header_lines(state, self.now)]
-        progress = progress_table(state, width - 4, self.now)
-        if progress is not None:
-            lines.append(progress)
+        inner = width - 4 if self.live else width  # the panel's borders and padding
+        lines: list = [Text(line) for line in header_lines(state, self.now, inner)]  # wraps between words
+        lines += progress_lines(state, inner, self.now)
         header = Group(*lines)
         yield Panel(header, border_style=STATUS_STYLES.get(status, ""), expand=True) if self.live else header
         yield processes_table(state, width, self.now)
         hosts = hosts_table_rows(state)
         if hosts is not None:
             yield build_table(None, *hosts, width=width)
+        if self.live:
+            return
         if state.get("exit_reason"):
             yield Text(f"exit: {state['exit_reason']}", style=STATUS_STYLES.get(status, ""))
         failure = _failure_text(state)
@@ -424,17 +535,21 @@ def _inference_figures(metrics: dict) -> tuple[str, str, str, str] | None:
 
 
 def _failure_text(state: dict) -> "Text | None":
-    """Red block describing the failed process and its last log lines, if the run failed."""
+    """Red block of the failed process's last log lines (and how it ended, unless the exit reason says so), if the
+    run failed."""
     from rich.text import Text
 
     failure = state.get("failure")
     if not isinstance(failure, dict):
         return None
-    text = Text(f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}\n", style="bold red")
+    said = f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}"
+    # The exit line above already says which process ended how: the block adds only what it does not.
+    told = str(state.get("exit_reason") or "").startswith(said) or "exit_code" not in failure  # (a supervisor fault)
+    text = Text("" if told else said + "\n", style="bold red")
     tail = failure.get("log_tail")
     for line in tail if isinstance(tail, list) else []:
         text.append(f"  {line}\n", style="red")
-    return text
+    return text if text.plain else None
 
 
 def live_renderable(state: dict) -> "RenderableType":
@@ -448,7 +563,7 @@ def progress_line(state: dict, now: float | None = None) -> str:
     metrics = _metrics(state)
     parts = [f"[{format_duration(_elapsed(state, now)):>7}]", status_of(state)]
     steps = _num(metrics.get(M.ENV_STEPS))
-    steps_per_s = _num(metrics.get(M.ENV_STEPS_PER_S))
+    steps_per_s = _steps_rate(state)
     if steps is not None:
         parts.append(f"env_steps={_format_count(steps)}" + (f" ({format_rate(steps_per_s)}/s)" if steps_per_s is not None else ""))
     elif steps_per_s is not None:
@@ -566,20 +681,86 @@ def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     return out
 
 
-def compare_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
-    """`rlctl compare`'s table: one column per run; the differing job keys, then how and when each run ended."""
-    data = compare_data(runs)
+def compare_rows(runs: list[RunDir], data: dict | None = None) -> tuple[list[str], list[list]]:
+    """`rlctl compare`'s wide table: one column per run; the differing job keys, then how and when each run ended."""
+    data = compare_data(runs) if data is None else data
     first = next(iter(data.values()), {"job": {}})
     rows = [[k, *(_cell(d["job"][k]) for d in data.values())] for k in first["job"]]
-    steps = lambda v: _format_count(v) if v is not None else "not reached"  # noqa: E731
-    figures = [("status", "status", str), ("stopped because", "exit_reason", lambda v: v or "-"),
-               ("time to target", "time_to_target_s", lambda v: format_duration(v) if v is not None else "not reached"),
-               ("env steps to target", "env_steps_to_target", steps),
-               ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", _format_count),
-               ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
-               ("eval return", "eval_return_mean", _format_float)]
-    rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in figures]
+    rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in COMPARE_FIGURES]
     return ["", *data], rows
+
+
+def _to_target(v: Any) -> str:
+    return format_duration(v) if v is not None else "not reached"
+
+
+COMPARE_FIGURES = [  # (label, compare_data key, format), in the wide table's order
+    ("status", "status", str), ("stopped because", "exit_reason", lambda v: v or "-"),
+    ("time to target", "time_to_target_s", _to_target),
+    ("env steps to target", "env_steps_to_target", lambda v: format_count(v) if v is not None else "not reached"),
+    ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", format_count),
+    ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
+    ("eval return", "eval_return_mean", _format_float)]
+# At narrow widths, one row per run under shorter headings; these columns give way, in this order; the run and its
+# time to target never.
+COMPARE_NARROW = {"time to target": "to target", "env steps to target": "steps to target", "eval return": "eval",
+                  "env steps": "steps", "env steps/s": "steps/s"}
+COMPARE_DROP = ["steps/s", "steps", "elapsed", "status", "return", "eval", "steps to target"]
+
+
+def compare_view(runs: list[RunDir]) -> "RenderableType":
+    """`rlctl compare`, laid out for the width it is rendered at: one column per run where that fits, else one row
+    per run (columns giving way by COMPARE_DROP, saying which) with the differing job keys under it."""
+    return _CompareView(compare_data(runs), runs)
+
+
+class _CompareView:
+    def __init__(self, data: dict, runs: list[RunDir]):
+        self.data, self.runs = data, runs
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        width = options.max_width
+        wide = build_table(None, *compare_rows(self.runs, self.data))
+        if wide.least_width() <= width:
+            yield wide
+            return
+        data = list(self.data.values())
+        order = ["time to target", "env steps to target", "eval return", "return", "status", "elapsed", "env steps",
+                 "env steps/s"]
+        figures = sorted((f for f in COMPARE_FIGURES if f[0] in order), key=lambda f: order.index(f[0]))
+        columns = ["#", "run", *(COMPARE_NARROW.get(label, label) for label, _, _ in figures)]
+        rows = [[i + 1, run_id, *(fmt(d[key]) for _, key, fmt in figures)] for i, (run_id, d) in enumerate(self.data.items())]
+        table = build_table(None, columns, rows, width, COMPARE_DROP)
+        yield table
+        left = [c for c in columns if c not in table.columns]
+        if left:
+            for line in fit_parts([f"left out at {width} columns: {', '.join(left)}:", "use a wider terminal or --json"],
+                                  width, " "):
+                yield Text(line, style="dim")
+        for i, d in enumerate(data):
+            if d["exit_reason"]:
+                yield Text(f"{i + 1} stopped because {d['exit_reason']}")
+        if data and data[0]["job"]:
+            yield from self._keys(data, width)
+
+    def _keys(self, data: list[dict], width: int):
+        """The differing job keys, one column per run (numbered as above); runs that do not fit are named."""
+        from rich.text import Text
+
+        keys = list(data[0]["job"])
+        shown = len(data)
+        while True:
+            table = build_table(None, ["job key", *(str(i + 1) for i in range(shown))],
+                                [[k, *(_cell(d["job"][k]) for d in data[:shown])] for k in keys])
+            if table.least_width() <= width or shown == 1:
+                break
+            shown -= 1
+        yield Text("")
+        yield table
+        if shown < len(data):
+            yield Text(f"+{len(data) - shown} runs: use a wider terminal or --json", style="dim")
 
 
 def _cell(value: Any) -> str:

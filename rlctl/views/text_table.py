@@ -2,7 +2,8 @@
 
 rich's Table measures and wraps every cell through its layout engine: for a hundred runs that was most of
 `rlctl status`'s time. These tables never wrap a cell, so the layout is arithmetic: each column is as wide as its
-widest cell, free-text columns (a note) shrink to what is left and end in "…".
+widest cell, free-text columns (a note) shrink to what is left and end in "…"; a line still wider than the screen
+ends in "…" rather than being cropped.
 """
 
 from __future__ import annotations
@@ -86,10 +87,12 @@ class TextTable:
                     line.append(pad)
                 else:
                     line.append_text(cell)
+            if line.cell_len > options.max_width:  # wider than the screen after all: say so, never crop silently
+                line.truncate(options.max_width, overflow="ellipsis")
             yield from line.render(console)
             yield Segment.line()
             if cells is header:
-                yield Segment("─" * line_width(widths), console.get_style("table.header"))
+                yield Segment("─" * min(line_width(widths), options.max_width), console.get_style("table.header"))
                 yield Segment.line()
 
 
