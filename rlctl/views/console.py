@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.views import bottleneck
 from rlctl import metric_names as M
 from rlctl import run_reading
-from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
+from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, status_of
 from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
