@@ -194,7 +194,13 @@ def run(job_file: Optional[Path] = typer.Argument(
         print(f"  rlctl watch {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
               file=sys.stderr)
         return
-    raise typer.Exit(_run_attached(rundir))
+    try:
+        code = _run_attached(rundir)
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took it over: nothing had been started
+        launch.abandon_unstarted(rundir, "stopped by SIGINT before anything started")
+        print(f"rlctl: interrupted; {rundir.run_id} stopped before anything started", file=sys.stderr)
+        raise typer.Exit(130)
+    raise typer.Exit(code)
 
 
 @contextlib.contextmanager
