@@ -49,7 +49,7 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def _bad_input(message: str) -> "typer.Exit":
     from rlctl.views.console import get_console
 
-    get_console(stderr=True).print(message, markup=False)
+    get_console(stderr=True).print(message, markup=False, soft_wrap=True)  # a long line stays one line
     return typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -110,19 +110,20 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
 
 
 @app.command()
-def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
-    """Check job files against the schema; exit 2 naming the key path on error."""
-    from rlctl.job.load import JobFileError, load_job
+def validate(files: List[Path] = typer.Argument(..., help="Job files to check (`-`: read one from stdin).")) -> None:
+    """Check job files against the schema and load the env and wrapper entry points they name; exit 2 naming the
+    file, key path and reason on error."""
+    from rlctl.job.load import JobFileError, check_entry_points, load_job, source_name
 
     bad = 0
     for f in files:
         try:
-            spec = load_job(f)
+            spec = check_entry_points(load_job(f), f)
         except JobFileError as exc:
             bad += 1
             print(exc.render(), file=sys.stderr)
             continue
-        print(f"{f}: OK ({spec.algorithm.name}, {spec.env.id})")
+        print(f"{source_name(f)}: OK ({spec.algorithm.name}, {spec.env.id})")
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 
