@@ -245,9 +245,9 @@ def _run_attached(rundir) -> int:
     else:
         code = supervise(rundir, display=progress_printer())
     state = rundir.read_state() or {}
-    con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False)
+    con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False, soft_wrap=True)
     failure = state.get("failure")
-    if failure:
+    if failure and "cause" not in failure:  # a start-up failure's cause is the line above; its traceback is in the log
         con.print(f"--- last lines of {failure.get('process')} ---", markup=False)
         for line in failure.get("log_tail", []):
             con.print(line, markup=False)

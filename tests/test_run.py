@@ -172,6 +172,46 @@ def test_bad_job_file_starts_nothing(tmp_path):
     assert not runs.exists() or not any(runs.iterdir())
 
 
+BROKEN_ENVS = """
+import gymnasium as gym
+
+
+class Broken(gym.Env):
+    def __init__(self, **kwargs):
+        raise RuntimeError("the simulator licence is missing")
+"""
+START_FAILURES = {
+    "constructor-raises": ("brokenenvs:Broken", "making the env failed (RuntimeError: the simulator licence is missing)"),
+    "unimportable": ("mypkg.envs:MyEnv", "cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
+                                         "'mypkg')"),
+}
+
+
+@pytest.mark.parametrize("case", list(START_FAILURES))
+def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path, case):
+    """An error every start would repeat fails the run once, without restarts, the cause in the first line of its
+    message, printed once (the traceback stays in the process's log)."""
+    env_id, why = START_FAILURES[case]
+    (tmp_path / "brokenenvs.py").write_text(BROKEN_ENVS)
+    job = small_job(tmp_path, name="broken", stop="wall_s = 120", max_restarts=3)
+    job.write_text(job.read_text().replace('id = "CartPole-v1"', f'id = "{env_id}"'))
+    runs = tmp_path / "runs"
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    res = run_cli(["run", str(job), "--runs-dir", str(runs)], expected_exit=1, env={"PYTHONPATH": path}, timeout=120)
+    state = read_state(only_run(runs))
+    cause = f"env.id '{env_id}': {why}"
+    assert state["status"] == "failed" and state["ended_at"] - state["started_at"] < 10, state
+    process, _, said = state["exit_reason"].partition(" cannot start: ")
+    assert said == cause and state["failure"]["process"] == process and state["failure"]["cause"] == cause, state
+    assert [p["restarts"] for p in state["processes"]] == [0] * len(state["processes"]), state["processes"]
+    out = res.stdout + res.stderr
+    assert f"run {only_run(runs).name} failed: {process} cannot start: {cause}\n" in res.stdout, out
+    assert out.count(why) == 1 and "Traceback" not in out, out
+    log = (only_run(runs) / "logs" / f"{process}.log").read_text()
+    assert "Traceback" in log and events.first(only_run(runs) / "logs" / f"{process}.log", "exit",
+                                                 reason=events.EXIT_STARTUP_FAILED, detail=cause)
+
+
 @pytest.mark.slow  # end to end with real processes: the slow tier
 def test_killed_supervisor_shows_lost_and_stop_ends_its_processes(tmp_path):
     job = small_job(tmp_path, name="orphans", stop="wall_s = 300")
