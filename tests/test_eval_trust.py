@@ -269,8 +269,8 @@ def test_eval_summary_has_mean_and_std_and_stochastic_samples_a_policy(tmp_path)
     import numpy as np
 
     greedy = run_cli(["eval", str(_checkpoint(tmp_path / "ppo.pt", _ppo_job())), "--episodes", "4"])
-    assert greedy.stderr == "" and re.match(rf"{tmp_path}/ppo.pt: mean return [\d.]+ ± [\d.]+ over 4 greedy episodes "
-                                            r"\(min [\d.]+, max [\d.]+\)$", greedy.stdout.splitlines()[0]), greedy.stdout
+    summary = rf"{tmp_path}/ppo.pt: mean return [\d.]+ ± [\d.]+ over 4 greedy episodes \(min [\d.]+, max [\d.]+\)$"
+    assert greedy.stderr == "" and re.match(summary, greedy.stdout.splitlines()[0]), greedy.stdout
 
     def sampled(seed: str) -> dict:
         return json.loads(run_cli(["eval", str(tmp_path / "ppo.pt"), "--episodes", "6", "--stochastic", "--json",

@@ -224,7 +224,8 @@ def test_the_process_table_fails_the_run_at_once_when_a_process_says_it_cannot_s
     from rlctl.job.load import load_job
 
     spec = load_job(small_job(tmp_path, max_restarts=3))
-    cause = "env.id 'mypkg.envs:MyEnv': cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named 'mypkg')"
+    cause = ("env.id 'mypkg.envs:MyEnv': cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
+             "'mypkg')")
     said = events.line("exit", reason=events.EXIT_STARTUP_FAILED, detail=cause)
     table = ProcessTable(spec, make_plan(spec, "t-1", str(tmp_path / "run"), 30000), on_restart=lambda name: None)
     collector = table.by_name["collector-0"]
@@ -249,5 +250,5 @@ def test_the_process_table_fails_the_run_at_once_when_a_process_says_it_cannot_s
     replay = table.by_name["replay-0"]
     replay.popen, replay.pump = EndedProcess(events.STARTUP_FAILED_CODE), _pump_of(tmp_path, "Traceback")
     end = table.reap()
-    assert end.reason == f"replay-0 exited with code {events.STARTUP_FAILED_CODE} (it cannot start, and would not on a " \
-                         "restart either)" and replay.life.restarts == 0
+    assert end.reason == (f"replay-0 exited with code {events.STARTUP_FAILED_CODE} (it cannot start, and would not "
+                          "on a restart either)") and replay.life.restarts == 0

@@ -181,7 +181,8 @@ class Broken(gym.Env):
         raise RuntimeError("the simulator licence is missing")
 """
 START_FAILURES = {
-    "constructor-raises": ("brokenenvs:Broken", "making the env failed (RuntimeError: the simulator licence is missing)"),
+    "constructor-raises": ("brokenenvs:Broken",
+                           "making the env failed (RuntimeError: the simulator licence is missing)"),
     "unimportable": ("mypkg.envs:MyEnv", "cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
                                          "'mypkg')"),
 }
