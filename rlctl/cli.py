@@ -1,7 +1,7 @@
 """The `rlctl` command line: each command a thin function over the library.
 
 Imports here stay light (typer + the standard library): `--help`, `status`,
-`logs` and `stop` never import torch, numpy or pydantic.
+`watch`, `logs`, `stop`, `rm` and `prune` never import torch, numpy or pydantic.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def run(job_file: Optional[Path] = typer.Argument(
     if detach:
         launch.start_detached(rundir)
         print(rundir.run_id)
-        print(f"  rlctl status {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
+        print(f"  rlctl watch {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
               file=sys.stderr)
         return
     raise typer.Exit(_run_attached(rundir))
@@ -251,13 +251,16 @@ def _run_attached(rundir) -> int:
         con.print(f"--- last lines of {failure.get('process')} ---", markup=False)
         for line in failure.get("log_tail", []):
             con.print(line, markup=False)
-    con.print(f"  rlctl status {rundir.run_id}\n  rlctl logs {rundir.run_id}\n  rlctl eval {rundir.run_id}", markup=False)
+    from rlctl.run_reading import as_read
+    from rlctl.views.next_steps import next_steps_text
+
+    con.print(next_steps_text(rundir, as_read(state)["status"]), markup=False)
     return code
 
 
 @app.command()
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """All runs, or one run's processes."""
+    """All runs, or one run's processes and what to do next with it."""
     from rlctl.views.console import get_console, print_json, run_view, runs_json, runs_table
     from rlctl.rundir import list_runs, runs_root
 
@@ -270,35 +273,67 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
         con.print(runs_table(runs, con.width))
         return
     rd = _resolve(runs_dir, run)
-    state = rd.read_state() or {}
     if as_json:
-        print_json({**state, "status": rd.effective_status(state)})
+        from rlctl.views.run_json import run_json
+
+        print_json(run_json(rd))
         return
-    con.print(run_view({**state, "status": rd.effective_status(state)}, live=False))
+    from rlctl.run_reading import as_read
+    from rlctl.views.next_steps import next_steps_text
+
+    state = as_read(rd.read_state())
+    con.print(run_view(state, live=False))
+    con.print(next_steps_text(rd, state["status"]), markup=False)
 
 
 @app.command()
-def logs(run: Optional[str] = RunArg, follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends."),
-         role: Optional[str] = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference)."),
-         rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
-         tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
-         runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Merged log lines of a run, prefixed by process, ordered by time."""
-    from rlctl.views.console import get_console, log_line_markup
-    from rlctl.run_logs import follow_logs, merged_log_lines
+def watch(run: Optional[str] = RunArg,
+          interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between looks at the run."),
+          runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """The live view of a run started elsewhere (--detach, --sbatch, another terminal), read from its run directory;
+    ends with the run. Ctrl-C leaves the watch and the run goes on."""
+    from rlctl.run_status import RunStatus
+    from rlctl.views.console import get_console
+    from rlctl.views.next_steps import next_steps_text
+    from rlctl.views.watch import exit_code, watch_run
 
     rd = _resolve(runs_dir, run)
     con = get_console()
     try:
-        if follow:
-            if tail is not None:
-                for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
-                    con.print(log_line_markup(src, text, ts))
-            for ts, src, text in follow_logs(rd, role, rank, start_at_end=tail is not None):
-                con.print(log_line_markup(src, text, ts))
-        else:
-            for ts, src, text in merged_log_lines(rd, role, rank, tail=tail):
-                con.print(log_line_markup(src, text, ts))
+        state = watch_run(rd, con, interval)
+    except KeyboardInterrupt:
+        print(f"rlctl: left the watch; {rd.run_id} goes on (rlctl stop {rd.run_id} stops it)", file=sys.stderr)
+        raise typer.Exit(130)
+    reason = state.get("exit_reason") or ("its supervisor ended without a word" if state["status"] == RunStatus.LOST
+                                          else "-")
+    con.print(f"run {rd.run_id} {state['status']}: {reason}", markup=False)
+    con.print(next_steps_text(rd, state["status"]), markup=False)
+    raise typer.Exit(exit_code(state["status"]))
+
+
+FollowOpt = typer.Option(False, "--follow", "-f", help="Keep streaming until the run ends, then print its end line.")
+LogRoleOpt = typer.Option(None, "--role", help="Only this role (learner, replay, collector, evaluator, inference, "
+                                               "supervisor).")
+LogJsonOpt = typer.Option(False, "--json", help="One JSON object per line: ts (epoch seconds), source, text.")
+
+
+@app.command()
+def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[str] = LogRoleOpt,
+         rank: Optional[int] = typer.Option(None, "--rank", help="Only this rank."),
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="Only the last N lines (before following)."),
+         as_json: bool = LogJsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Merged log lines of a run, prefixed by process, ordered by time."""
+    from rlctl.role_names import LOG_SOURCES
+    from rlctl.run_logs import follow_logs, merged_log_lines
+    from rlctl.views.console import log_printer
+
+    if role is not None and role not in LOG_SOURCES:
+        raise _bad_input(f"rlctl logs: no role {role!r}; known roles: {', '.join(sorted(LOG_SOURCES))}")
+    rd = _resolve(runs_dir, run)
+    show = log_printer(as_json)
+    try:
+        for entry in (follow_logs if follow else merged_log_lines)(rd, role, rank, tail=tail):
+            show(entry)
     except KeyboardInterrupt:
         raise typer.Exit(130)
     except BrokenPipeError:  # `rlctl logs | head`
@@ -333,6 +368,54 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
         print_json(compare_data(dirs))
         return
     get_console().print(build_table(None, *compare_rows(dirs)))
+
+
+@app.command()
+def rm(runs: List[str] = typer.Argument(..., help="Runs to remove (ids or prefixes).", autocompletion=_complete_run),
+       runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Remove run directories; refuses (removing none) while one of them still runs."""
+    from rlctl.run_housekeeping import RunInUse, refusal, remove_run
+
+    dirs = list(dict.fromkeys(_resolve(runs_dir, r) for r in runs))
+    refused = [why for rd in dirs if (why := refusal(rd, rd.read_state())) is not None]
+    if refused:
+        raise _bad_input("rlctl rm: " + "\nrlctl rm: ".join(refused) + "\nnothing was removed")
+    for rd in dirs:
+        try:
+            remove_run(rd)
+        except RunInUse as exc:
+            raise _bad_input(f"rlctl rm: {exc}") from None
+        print(f"removed {rd.run_id}")
+
+
+@app.command()
+def prune(older_than: str = typer.Option(..., "--older-than", help="Remove runs idle longer than this: 7d, 12h, 30m, "
+                                         "45s, 2w (since they ended, or last wrote their state)."),
+          keep_best: bool = typer.Option(False, "--keep-best", help="Keep, per job name, the run with the best final "
+                                         "return (eval return, else training return), however old."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="List what would go; remove nothing."),
+          runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Remove old run directories (never a live one)."""
+    from rlctl.rundir import list_runs, runs_root
+    from rlctl.run_housekeeping import RunInUse, parse_age, remove_run, to_prune
+
+    try:
+        age = parse_age(older_than)
+    except ValueError as exc:
+        raise _bad_input(f"--older-than: {exc}") from None
+    chosen = to_prune(list_runs(runs_root(runs_dir)), age, keep_best)
+    for rd in chosen:
+        if dry_run:
+            print(f"would remove {rd.run_id}")
+            continue
+        try:
+            remove_run(rd)
+        except RunInUse as exc:  # it came back to life (a resume) since it was chosen
+            print(f"rlctl prune: kept {rd.run_id}: {exc}", file=sys.stderr)
+            continue
+        print(f"removed {rd.run_id}")
+    if not chosen:
+        print(f"no run idle longer than {older_than}" + (" (besides each job's best)" if keep_best else ""))
 
 
 @app.command()

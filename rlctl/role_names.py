@@ -15,3 +15,7 @@ class Role:
 
 
 ROLES = frozenset(v for k, v in vars(Role).items() if k.isupper())
+
+# The supervisor's own log (logs/supervisor.log): not a process role, but `rlctl logs --role` knows it too.
+SUPERVISOR = "supervisor"
+LOG_SOURCES = ROLES | {SUPERVISOR}

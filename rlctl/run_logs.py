@@ -8,16 +8,36 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
+from rlctl.role_names import SUPERVISOR
 from rlctl.rundir import OVER_STATES, RunDir
+from rlctl.run_status import RunStatus
 
 _FOLLOW_CHUNK = 8 << 20  # bytes read per file per round, so a huge backlog cannot blow up memory
 
 LogEntry = tuple[float, str, str]  # (timestamp, source such as "collector-0", text)
+_END_LINE = re.compile(r"^run (\w+) after ")  # the supervisor's last line (end_line_text)
+
+
+def stamp(now: float | None = None) -> str:
+    """The timestamp that starts every log line: local time to the millisecond, "2026-11-29T22:01:11.123"."""
+    now = time.time() if now is None else now
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
+def end_line_text(status: str, reason: str | None, elapsed_s: float) -> str:
+    """The run's end line, the last one of the supervisor's log: "run finished after 12.3s: <reason>"."""
+    return f"run {status} after {elapsed_s:.1f}s: {reason or status}"
+
+
+def is_end_line(text: str) -> bool:
+    """True for the run's end line (end_line_text)."""
+    return _END_LINE.match(text) is not None
 
 
 def parse_log_line(line: str) -> tuple[float | None, str]:
@@ -51,13 +71,16 @@ def _to_entries(lines: list[str], source: str, prev_ts: float | None, fallback_t
     return entries
 
 
-def _read_lines(path: Path, tail: int | None = None) -> list[str]:
-    """All lines of a file, or only its last `tail`, reading backwards so big logs stay cheap."""
+def _read_lines(path: Path, tail: int | None = None, end: int | None = None) -> list[str]:
+    """All lines of a file up to byte `end` (default: its end), or only its last `tail`, reading backwards so big
+    logs stay cheap."""
     with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        pos = size if end is None else min(end, size)
         if tail is None:
-            data = f.read()
+            f.seek(0)
+            data = f.read(pos)
         else:
-            pos = f.seek(0, os.SEEK_END)
             data = b""
             while pos > 0 and data.count(b"\n") <= tail:
                 step = min(1 << 16, pos)
@@ -89,10 +112,15 @@ def merged_log_lines(
     rundir: RunDir, role: str | None = None, rank: int | None = None, tail: int | None = None
 ) -> list[LogEntry]:
     """(timestamp, source, text) of the run's log lines, ordered by time across files; last `tail` only if given."""
+    return _merged(rundir.log_files(role, rank), tail, {})
+
+
+def _merged(paths: list[Path], tail: int | None, ends: dict[Path, int]) -> list[LogEntry]:
+    """The lines of `paths` (each up to its byte offset in `ends`, if there) merged by time; last `tail` if given."""
     per_file = []
-    for path in rundir.log_files(role, rank):
+    for path in paths:
         try:
-            lines = _read_lines(path, tail)
+            lines = _read_lines(path, tail, ends.get(path))
         except OSError:
             continue
         per_file.append(_to_entries(lines, path.stem, None, _mtime(path)))
@@ -100,6 +128,24 @@ def merged_log_lines(
     if tail is not None:
         merged = merged[-tail:] if tail > 0 else []
     return merged
+
+
+def end_entry(rundir: RunDir) -> LogEntry | None:
+    """The run's end line: the supervisor's, or, where it wrote none (a lost run), one made from state.json; None
+    while the run is not over."""
+    state = rundir.read_state() or {}
+    status = rundir.effective_status(state)
+    if status not in OVER_STATES:
+        return None
+    path = rundir.logs_dir / f"{SUPERVISOR}.log"
+    last = merged_log_lines(rundir, SUPERVISOR, tail=1) if path.is_file() else []
+    if last and is_end_line(last[-1][2]):
+        return last[-1]
+    started, ended = state.get("started_at"), state.get("ended_at") or state.get("updated_at")
+    numbers = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (started, ended))
+    reason = state.get("exit_reason") if status != RunStatus.LOST else "its supervisor is gone"
+    return (float(ended) if numbers else time.time(), SUPERVISOR,
+            end_line_text(status, reason, float(ended) - float(started) if numbers else 0.0))
 
 
 class _LogCursor:
@@ -167,30 +213,38 @@ def follow_logs(
     role: str | None = None,
     rank: int | None = None,
     poll_s: float = 0.2,
-    start_at_end: bool = False,
+    tail: int | None = None,
 ) -> Iterator[LogEntry]:
-    """Yield new log lines as they appear (also from files created later); stop when the run is over.
+    """Yield the run's log lines as they are written (also from files created later) until the run is over, then
+    its end line (end_entry). With `tail`, the last `tail` lines written so far come first, and then every line after
+    them: nothing falls between the two.
 
-    Only complete lines are yielded while the run is live. Each poll round yields the new lines of
-    all files merged by timestamp. Returns once the run's effective status is terminal or lost and
-    every file has been read to its end (then unfinished last lines are yielded too).
+    Only complete lines are yielded while the run is live. Each poll round yields the new lines of all files merged
+    by timestamp. Returns once the run's effective status is over and every file has been read to its end: the
+    supervisor writes a status that is over only after every line of its processes is in their logs (and its own
+    end line in logs/supervisor.log), so the round that reads that status first and the files after it misses none.
     """
     cursors: dict[Path, _LogCursor] = {}
-    first_round = True
+    if tail is not None:
+        paths = rundir.log_files(role, rank)
+        cursors = {path: _LogCursor(path, _offset_after_last_line(path)) for path in paths}
+        yield from _merged(paths, tail, {path: cursor.offset for path, cursor in cursors.items()})
+    ended = False
     while True:
         # Status first, then read: everything written before the run ended is read below.
         over = rundir.effective_status() in OVER_STATES
         for path in rundir.log_files(role, rank):
-            if path not in cursors:
-                # Files existing when following starts may be skipped; files appearing later never are.
-                offset = _offset_after_last_line(path) if (start_at_end and first_round) else 0
-                cursors[path] = _LogCursor(path, offset)
-        first_round = False
+            cursors.setdefault(path, _LogCursor(path))  # a file that appears later is read from its start
         while True:
-            yield from _merge([cursor.read_new() for cursor in cursors.values()])
+            for entry in _merge([cursor.read_new() for cursor in cursors.values()]):
+                ended = ended or (entry[1] == SUPERVISOR and is_end_line(entry[2]))
+                yield entry
             if not any(cursor.pending for cursor in cursors.values()):
                 break
         if over:
             yield from _merge([cursor.flush() for cursor in cursors.values()])
+            end = None if ended else end_entry(rundir)
+            if end is not None:
+                yield end
             return
         time.sleep(poll_s)

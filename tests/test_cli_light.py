@@ -19,7 +19,8 @@ print(sorted(m for m in ("torch", "numpy", "pydantic", "zmq") if m in sys.module
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"], ["logs"], ["stop"]])
+@pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"], ["logs"], ["stop"], ["watch"],
+                                  ["rm", "x"], ["prune", "--older-than", "7d"]])
 def test_watching_commands_import_nothing_heavy(tmp_path, args):
     out = subprocess.run([sys.executable, "-c", PROBE.format(args=args)], capture_output=True, text=True,
                          env={"RLCTL_RUNS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)

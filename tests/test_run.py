@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +124,36 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     tail = run_cli(["logs", run_id, "--role", "learner", "--tail", "2"], env=env).stdout.splitlines()
     assert len(tail) == 2 and all("learner-0 |" in line for line in tail), tail
+
+
+def test_logs_follow_prints_every_line_of_a_finished_run_as_logs_does_ending_with_its_end_line(tmp_path):
+    # Three short runs at once, each followed from its start: what `logs -f` printed is what `logs` prints after,
+    # to the learner's last words and the supervisor's end line; the logs say how the runs went as they went.
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs), "COLUMNS": "200"}
+    followers = {}
+    for i in range(3):
+        job = small_job(tmp_path, name=f"follow{i}", stop="env_steps = 4000\nwall_s = 90")
+        job.write_text(job.read_text().replace("evaluator = true", "evaluator = false")
+                       .replace("metrics_interval_s = 0.3", "metrics_interval_s = 0.2\nlog_interval_s = 0.5"))
+        run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=60).stdout.strip().splitlines()[0]
+        followers[run_id] = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "-f", run_id], text=True,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+    for run_id, follower in followers.items():
+        followed, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+        state = read_state(runs / run_id)
+        assert state["status"] == "finished", state.get("exit_reason")
+        assert followed == run_cli(["logs", run_id], env=env).stdout
+        lines = followed.splitlines()
+        assert re.search(r"supervisor \| run finished after [\d.]+s: charts/env_steps \d+ >= 4000$", lines[-1]), lines
+        assert any(re.search(r"learner-0 \| stopped after \d+ updates", line) for line in lines), lines
+        # The process name once a line, and metrics lines between start and end.
+        assert not [line for line in lines if re.search(r"(\S+-\d) \| \1:", line)], lines
+        collector = [line for line in lines if "collector-0 | metrics env_steps=" in line]
+        learner = [line for line in lines if "learner-0 | metrics updates=" in line]
+        assert collector and " env_steps/s=" in collector[-1] and " return_mean=" in collector[-1], lines
+        assert learner and " td_loss=" in learner[-1] and " samples/s=" in learner[-1], lines
 
 
 @pytest.mark.slow  # end to end with real processes: the slow tier
@@ -292,3 +324,73 @@ def test_dedicated_learner_cores_keep_the_learner_and_the_other_processes_apart(
     finally:
         run_cli(["stop", run_id], env=env, timeout=60)
     assert read_state(run_dir)["status"] == "stopped"
+
+
+def _lines_of(stream, into: list) -> threading.Thread:
+    """Collect a pipe's lines as they come (a reader thread)."""
+    thread = threading.Thread(target=lambda: into.extend(iter(stream.readline, "")), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow  # a detached run watched, left and stopped: 13 s here
+def test_watch_shows_a_detached_run_leaves_on_ctrl_c_with_the_run_going_and_ends_with_the_run(tmp_path):
+    job = small_job(tmp_path, name="watched", stop="wall_s = 300")
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs)}
+    run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=30).stdout.split()[0]
+    run_dir = runs / run_id
+    try:
+        watcher = subprocess.Popen([sys.executable, "-m", "rlctl", "watch", run_id, "--interval", "0.2"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+        lines: list[str] = []
+        _lines_of(watcher.stdout, lines)
+        # The progress the supervisor writes, as the watch shows it: env steps counted up while it runs.
+        wait_for(lambda: any(re.search(r"\] running env_steps=[1-9]", line) for line in lines), 120,
+                 what="the watch showing env steps")
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=10) == 130
+        assert f"{run_id} goes on" in watcher.stderr.read()
+        state = read_state(run_dir)
+        assert pid_alive(state["supervisor_pid"])
+        assert json.loads(run_cli(["status", run_id, "--json"], env=env).stdout)["status"] == "running"
+        # A second watch ends by itself when the run does, with what to do next.
+        watcher = subprocess.Popen([sys.executable, "-m", "rlctl", "watch", run_id], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+        run_cli(["stop", run_id], env=env, timeout=90)
+        out, err = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0, err
+        assert f"run {run_id} stopped: stopped by SIGTERM" in out and f"rlctl run --resume {run_id}" in out, out
+    finally:
+        if read_state(run_dir).get("status") not in ("stopped", "finished", "failed"):
+            run_cli(["stop", run_id], env=env, timeout=90)
+
+
+@pytest.mark.slow  # two segments of a run: 20 s here
+def test_a_resumed_run_keeps_its_start_and_counts_every_segment_in_elapsed_and_the_wall_s_budget(tmp_path):
+    job = small_job(tmp_path, name="segments", stop="wall_s = 300")
+    runs = tmp_path / "runs"
+    env = {"RLCTL_RUNS_DIR": str(runs)}
+    run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=30).stdout.split()[0]
+    run_dir = runs / run_id
+    wait_for(lambda: read_state(run_dir).get("metrics", {}).get("charts/env_steps", 0) > 0, 120, what="env steps")
+    run_cli(["stop", run_id], env=env, timeout=90)
+    first = json.loads(run_cli(["status", run_id, "--json"], env=env).stdout)
+    assert first["status"] == "stopped" and len(first["segments"]) == 1
+    one = first["segments"][0]["ended_at"] - first["segments"][0]["started_at"]
+    # A wall-time budget 6 s past what the first segment used: counted over the whole run, the second segment gets 6 s.
+    budget = first["elapsed_s"] + 6.0
+    res = run_cli(["run", "--resume", run_id, "--until", f"wall_s={budget}"], env=env, timeout=120)
+    assert f"resuming {run_id} (stopped)" in res.stderr
+    second = json.loads(run_cli(["status", run_id, "--json"], env=env).stdout)
+    assert second["status"] == "finished" and second["stopped_by"]["criterion"] == "wall_s", second["exit_reason"]
+    assert second["started_at"] == first["started_at"]
+    assert second["segments"][0] == first["segments"][0] and len(second["segments"]) == 2
+    two = second["segments"][1]["ended_at"] - second["segments"][1]["started_at"]
+    assert second["elapsed_s"] >= one + two - 1e-6, (second["elapsed_s"], one, two)
+    # The wall time the stop rule saw counts the first segment too: more than the whole second segment lasted
+    # (counting this segment alone, it could not pass the segment's own length).
+    assert second["stopped_by"]["value"] >= budget and second["stopped_by"]["value"] > two, (second, one, two)
+    # Finished, and no new target: refused, saying how to give one.
+    refused = run_cli(["run", "--resume", run_id], env=env, expected_exit=2)
+    assert f"rlctl run --resume {run_id} --until" in refused.stderr

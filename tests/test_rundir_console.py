@@ -200,22 +200,76 @@ def test_follow_logs_new_file_partial_writes_and_termination(tmp_path):
     run.write_state({**run.read_state(), "status": "finished"})
     thread.join(timeout=5)
     assert not thread.is_alive()
-    assert [t for _, _, t in got] == ["old line", "hello", "last words"]
+    # The supervisor wrote no end line (a state written by hand): one is made from state.json.
+    assert [t for _, _, t in got] == ["old line", "hello", "last words", "run finished after 0.0s: finished"]
 
 
-def test_follow_logs_start_at_end_and_lost_run(tmp_path):
-    run = make_run(tmp_path, supervisor_pid=dead_pid())
-    write_log(run, "collector-0", [(T0, "before")])
-    # Lost run: reads what is there, then returns immediately.
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, start_at_end=True)] == []
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["before"]
+def test_follow_logs_tail_and_lost_run(tmp_path):
+    run = make_run(tmp_path, supervisor_pid=dead_pid(), started_at=T0, updated_at=T0 + 7)
+    write_log(run, "collector-0", [(T0, "before"), (T0 + 1, "last")])
+    # Lost run: reads what is there, then returns immediately with an end line saying so.
+    lost = "run lost after 7.0s: its supervisor is gone"
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, tail=1)] == ["last", lost]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01, tail=0)] == [lost]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["before", "last", lost]
+
+
+def test_follow_logs_with_a_tail_misses_no_line_written_after_it(tmp_path):
+    run = make_run(tmp_path)
+    write_log(run, "collector-0", [(T0, "a"), (T0 + 1, "b")])
+    follower = run_logs.follow_logs(run, poll_s=0.01, tail=1)
+    assert next(follower)[2] == "b"  # the tail is read; the follower has not polled yet
+    write_log(run, "collector-0", [(T0 + 2, "c")], mode="a")  # between the tail and the first poll
+    write_log(run, "supervisor", [(T0 + 3, run_logs.end_line_text("finished", "done", 3.0))])
+    run.write_state({**run.read_state(), "status": "finished"})
+    assert [t for _, _, t in follower] == ["c", "run finished after 3.0s: done"]  # the supervisor's, not a second
 
 
 def test_follow_logs_merges_a_round_by_time(tmp_path):
-    run = make_run(tmp_path, status="stopped")
+    run = make_run(tmp_path, status="stopped", started_at=T0, ended_at=T0 + 4, exit_reason="stopped by SIGTERM")
     write_log(run, "learner-0", [(T0 + 2, "l2")])
     write_log(run, "collector-0", [(T0 + 1, "c1"), (T0 + 3, "c3")])
-    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == ["c1", "l2", "c3"]
+    assert [t for _, _, t in run_logs.follow_logs(run, poll_s=0.01)] == [
+        "c1", "l2", "c3", "run stopped after 4.0s: stopped by SIGTERM"]
+
+
+def test_logs_json_gives_one_object_per_line_and_a_role_typo_names_the_known_roles(tmp_path):
+    from conftest import run_cli
+
+    run = make_run(tmp_path, status="finished", started_at=T0, ended_at=T0 + 3, exit_reason="done")
+    write_log(run, "collector-0", [(T0 + 1, "c1 {not json}")])
+    write_log(run, "supervisor", [(T0 + 3, run_logs.end_line_text("finished", "done", 3.0))])
+    env = {"RLCTL_RUNS_DIR": str(tmp_path)}
+    out = run_cli(["logs", run.run_id, "--json"], env=env).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows == [{"ts": T0 + 1, "source": "collector-0", "text": "c1 {not json}"},
+                    {"ts": T0 + 3, "source": "supervisor", "text": "run finished after 3.0s: done"}]
+    assert run_cli(["logs", run.run_id, "--json", "-f"], env=env).stdout == out  # the run is over: same lines
+    typo = run_cli(["logs", run.run_id, "--role", "colector"], expected_exit=2, env=env)
+    assert typo.stdout == ""
+    assert typo.stderr.strip() == ("rlctl logs: no role 'colector'; known roles: collector, evaluator, inference, "
+                                   "learner, replay, supervisor")
+
+
+def test_metrics_line_is_compact_and_says_the_returns_of_the_episodes_since_the_last_one():
+    from rlctl import metric_names as M
+    from rlctl.roles.metrics_line import MetricsLine, format_line, number
+
+    assert [number(x) for x in (12345, 4100.3, 23.46, 0.012345, 5.0, 0.0)] == ["12345", "4100", "23.5", "0.0123",
+                                                                              "5", "0"]
+    line = MetricsLine(10.0, now=0.0)
+    beat = {M.COLLECTOR_ENV_STEPS: 12345, M.ENV_STEPS_PER_S: 4100.3, M.COLLECTOR_WAIT_FRAC: 0.12,
+            M.EPISODE_RETURNS: [20.0, 27.0], M.EPISODE_LENGTHS: [20, 27], M.NET_DROPPED: 0, M.NET_REFUSED: 2}
+    assert line.offer(beat, now=5.0) is None  # not due yet: its returns are kept for the line
+    assert line.offer({**beat, M.EPISODE_RETURNS: [23.5]}, now=10.0) == (
+        "metrics env_steps=12345 env_steps/s=4100 episodes=3 return_mean=23.5 wait_frac=0.12 refused=2")
+    assert line.offer({**beat, M.EPISODE_RETURNS: []}, now=15.0) is None
+    assert line.offer({**beat, M.EPISODE_RETURNS: []}, now=20.0).startswith(
+        "metrics env_steps=12345 env_steps/s=4100 episodes=0 wait_frac")  # no episode ended: no mean
+    learner = {M.UPDATES: 58, M.UPDATES_PER_S: 11.6, M.SAMPLES_PER_S: 5939.2, M.POLICY_LOSS: -0.0123,
+               M.VALUE_LOSS: 41.27, M.ENTROPY: 0.6, M.WAITING: 0, M.VERSION: 58, M.DIGEST_CHAIN: "ab"}
+    assert format_line(learner, []) == ("metrics updates=58 updates/s=11.6 samples/s=5939 policy_loss=-0.0123 "
+                                        "value_loss=41.3 entropy=0.6")
 
 
 # ---------------------------------------------------------------- console

@@ -282,6 +282,9 @@ class LoggingSpec(Section):
 
     metrics_interval_s: Annotated[float, Field(gt=0, le=3600)] = 1.0
     """Seconds between each process's heartbeat/metrics messages."""
+    log_interval_s: Annotated[float, Field(gt=0, le=86400)] = 10.0
+    """Seconds between the `metrics ...` lines each process writes to its log: its rates, returns and losses in one
+    line (`rlctl logs`)."""
     checkpoint_interval_s: Annotated[float, Field(gt=0, le=1e7)] = 60.0
     """Seconds between learner checkpoints (one is always written at stop)."""
     checkpoint_keep_every: NonNegInt = 10

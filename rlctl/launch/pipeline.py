@@ -155,9 +155,13 @@ def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | 
         rundir.write_secrets(secrets_of_hosts)
     rundir.write_plan(plan.to_json())
     slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
+    # A resumed run keeps its first start and the segments before this one from the start: `rlctl status` never
+    # shows it younger than it is.
+    earlier = list(resumed.get("segments", [])) if resumed else []
     rundir.write_state({"run_id": rundir.run_id, "job": spec.job.name, "algorithm": spec.algorithm.name,
-                        "status": RunStatus.CREATED, "started_at": time.time(), "processes": [], "metrics": {},
-                        "hosts": [h["name"] for h in plan.hosts], **({"resumed": resumed} if resumed else {}),
+                        "status": RunStatus.CREATED, "started_at": earlier[0]["started_at"] if earlier else time.time(),
+                        "processes": [], "metrics": {}, "hosts": [h["name"] for h in plan.hosts],
+                        **({"resumed": resumed, "segments": earlier} if resumed else {}),
                         **({"slurm_job_id": slurm_job} if slurm_job else {})})
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlctl.liveness import group_alive
+from rlctl import metric_names as M
 from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, resolve_run, runs_root, status_of
+from rlctl.run_reading import closed_segments, live_processes
+from rlctl.run_status import RunStatus
 from rlctl.job.load import load_job, validate_job
 from rlctl.job.resolved import host_secrets, resolved_dict, with_host_secrets
 from rlctl.job.spec import JobSpec
@@ -80,8 +82,9 @@ def job_for_resume(old: JobSpec, new: JobSpec | None, until: dict[str, object], 
 
 
 def previous_segment(rundir: RunDir) -> dict:
-    """What the next supervisor continues from: env steps, episodes and the segments so far. ResumeRefused while
-    the run (or a process of it) is still alive."""
+    """What the next supervisor continues from: env steps, episodes, the segments so far (each closed: a lost one
+    ends at its last state write) and how the run stands. ResumeRefused while the run (or a process of it) is
+    still alive."""
     state = rundir.read_state()
     if state is None:
         raise ResumeRefused(f"{rundir.run_id} has no readable state.json")
@@ -89,21 +92,37 @@ def previous_segment(rundir: RunDir) -> dict:
     if status not in OVER_STATES:
         raise ResumeRefused(f"{rundir.run_id} is {status} (supervisor pid {state.get('supervisor_pid')}); "
                             f"stop it first: rlctl stop {rundir.run_id}")
-    alive = [p.get("name") for p in state.get("processes", [])
-             if not p.get("remote") and isinstance(p.get("pgid"), int) and p["pgid"] > 1 and group_alive(p["pgid"])]
+    alive = live_processes(state)
     if alive:
-        raise ResumeRefused(f"processes of {rundir.run_id} are still running: {', '.join(map(str, alive))}")
+        raise ResumeRefused(f"processes of {rundir.run_id} are still running: {', '.join(alive)}")
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
-    segments = state.get("segments")
-    if not isinstance(segments, list):
-        segments = [{"started_at": state.get("started_at"), "ended_at": state.get("ended_at")}]
-    return {"env_steps": _count(metrics.get("charts/env_steps")), "episodes": _count(metrics.get("charts/episodes")),
-            "segments": [s for s in segments if isinstance(s, dict)], "status": status}
+    return {"env_steps": _count(metrics.get(M.ENV_STEPS)), "episodes": _count(metrics.get(M.EPISODES)),
+            "segments": closed_segments(state), "status": status, "exit_reason": state.get("exit_reason")}
 
 
 def _count(value: object) -> int:
     return int(value) if isinstance(value, (int, float)) and value >= 0 else 0
 
+
+def refuse_spent_targets(rundir: RunDir, old: JobSpec, spec: JobSpec, resumed: dict, until: dict) -> None:
+    """ResumeRefused when the next segment would have nothing to do: a finished run resumed without a new target
+    (no --until, no changed [job.stop]), or an env-step or wall-time target the run has already reached (wall time
+    counts every segment)."""
+    run = rundir.run_id
+    if resumed["status"] == RunStatus.FINISHED and not until and spec.job.stop == old.job.stop:
+        raise ResumeRefused(f"{run} finished ({resumed.get('exit_reason')}); to train on, give it a new target: "
+                            f"rlctl run --resume {run} --until env_steps=N (or eval_return=, train_return=, wall_s=)")
+    stop = spec.job.stop
+    elapsed = sum(s["ended_at"] - s["started_at"] for s in resumed["segments"])
+    spent = [(criterion, f"{value:,.0f}{unit} of {target:,.0f}{unit}")
+             for criterion, value, target, unit in (("env_steps", resumed["env_steps"], stop.env_steps, ""),
+                                                    ("wall_s", elapsed, stop.wall_s, "s"))
+             if target is not None and value >= target]  # the supervisor's own rule (stop_progress), at once
+    if spent:
+        criterion, figures = spent[0]
+        raise ResumeRefused(f"{run} has already reached its {criterion} target ({figures}; wall time counts every "
+                            f"segment): it would stop at once; give a higher one: rlctl run --resume {run} "
+                            f"--until {criterion}=N")
 
 
 def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None,
@@ -120,7 +139,9 @@ def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None
         resumed = previous_segment(rundir)
         old = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
         new = load_job(job_file) if job_file is not None else None
-        spec = job_for_resume(old, new, parse_until(until), str(job_file or "--until"))
+        wanted = parse_until(until)
+        spec = job_for_resume(old, new, wanted, str(job_file or "--until"))
+        refuse_spent_targets(rundir, old, spec, resumed, wanted)
     except BaseException:
         lock.release()
         raise

@@ -109,8 +109,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         M.COLLECTOR_WEIGHT_VERSION: client.version, M.COLLECTOR_INFERENCE_MS: client.round_trip_ms(),
         M.COLLECTOR_TORCH_LOADED: int("torch" in sys.modules), M.COLLECTOR_STALE_ANSWERS: client.stale,
         M.NET_DROPPED: client.dropped})
-    print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), actions from {server} (central "
-          f"inference: no model here), pid {os.getpid()}", flush=True)
+    rc.say(f"{env.num_envs} x {rc.job.env.id} ({type(env).__name__}), actions from {server} (central "
+           f"inference: no model here), pid {os.getpid()}")
     try:
         step_loop(rc, stop, env, info, client, report)
     finally:

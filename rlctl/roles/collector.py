@@ -45,9 +45,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     actor = build_actor(rc, info, model, env.num_envs)
     sender = rc.job.data_path.senders(net, rc.endpoints, rc.job, info, rc.name, collector=rc.rank)[0]
-    print(f"{rc.name}: {env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
-          f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
-          f"pid {os.getpid()}{', SCHED_BATCH' if batch else ''} {actor.describe()}", flush=True)
+    rc.say(f"{env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
+           f"weights {'from shared memory ' + rc.weight_board if rc.weight_board else 'over the network'}, "
+           f"pid {os.getpid()}{', SCHED_BATCH' if batch else ''} {actor.describe()}")
     try:
         with torch.no_grad():
             report = CollectorReport(control, EpisodeTracker(env.num_envs), lambda: {

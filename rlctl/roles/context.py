@@ -18,7 +18,9 @@ import zmq
 from rlctl import events
 from rlctl import metric_names as M
 from rlctl.net import wire
+from rlctl.roles.metrics_line import MetricsLine
 from rlctl.liveness import pid_alive
+from rlctl.run_logs import stamp
 from rlctl.job.load import load_job
 from rlctl.job.spec import JobSpec
 from rlctl.tether import SUPERVISOR_PID_ENV
@@ -65,6 +67,12 @@ class RoleContext:
         """`role-rank`, as in logs and status."""
         return f"{self.role}-{self.rank}"
 
+    def say(self, text: str) -> None:
+        """A line of this process's log, flushed. The log file and `rlctl logs` name the process already; only a
+        learner's ranks, which share one log, say which rank speaks."""
+        who = f"rank {self.rank}: " if self.role == Role.LEARNER and self.world_size > 1 else ""
+        print(f"{who}{text}", flush=True)
+
     @property
     def seed(self) -> int:
         """This process's seed, derived from the job seed so processes differ but runs repeat."""
@@ -93,11 +101,13 @@ class StopFlag:
 
 
 class ControlClient:
-    """DEALER to the supervisor's control ROUTER: hello, then heartbeats that carry metrics."""
+    """DEALER to the supervisor's control ROUTER: hello, then heartbeats that carry metrics (and, every
+    `logging.log_interval_s`, the same figures as a line of the process's log)."""
 
     def __init__(self, net: wire.SecureContext, rc: RoleContext):
         self.rc = rc
         self.interval = rc.job.logging.metrics_interval_s
+        self.metrics_line = MetricsLine(rc.job.logging.log_interval_s)  # the log's periodic line of these figures
         # Linger so the final heartbeat (checkpoint, digest) leaves before the process exits.
         self.sock = net.client(zmq.DEALER, rc.endpoints["control"], linger=2000, sndhwm=100)
         self.next_at = 0.0
@@ -132,6 +142,9 @@ class ControlClient:
         self.next_at = time.monotonic() + self.interval
         metrics.setdefault(M.NET_REFUSED, self.net.refused)
         self.send("heartbeat", {"pid": os.getpid(), "rank": self.rc.rank, "metrics": metrics})
+        line = self.metrics_line.offer(metrics)
+        if line is not None:
+            self.rc.say(line)
 
 
 LOG_FILE_ENV = "RLCTL_LOG_FILE"
@@ -168,10 +181,9 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
                 os.close(out)
             except OSError:
                 pass
-        now = time.time()
         why = f"supervisor (pid {pid}) is gone: stopping"
         gone = events.line("exit", reason=events.EXIT_SUPERVISOR_GONE, detail=why)
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now))}.{int(now % 1 * 1000):03d} {gone}", flush=True)
+        print(f"{stamp()} {gone}", flush=True)
         on_gone()
         time.sleep(grace_s)
         os._exit(3)
@@ -244,8 +256,7 @@ def role_main(run) -> None:
     if cores is not None:
         from rlctl.launch.plan import core_ranges
 
-        print(f"{os.environ.get('RLCTL_ROLE')} (pid {os.getpid()}): pinned to CPU cores {core_ranges(cores)}",
-              flush=True)
+        print(f"pinned to CPU cores {core_ranges(cores)} (pid {os.getpid()})", flush=True)
     watch_supervisor(lambda: setattr(stop, "requested", True))
     try:
         run(RoleContext.from_env(), stop)

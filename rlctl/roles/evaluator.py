@@ -124,7 +124,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         """Heartbeats while a round plays (the supervisor takes a long silence for a hang)."""
         if control.due():
             control.heartbeat({**metrics, M.NET_DROPPED: weights.dropped})
-    print(f"{rc.name}: {job.evaluator.episodes} greedy episodes per round on {job.env.id}", flush=True)
+    rc.say(f"{job.evaluator.episodes} greedy episodes per round on {job.env.id}")
     while not stop:
         weights.sock.poll(100)
         weights.poll()
@@ -143,7 +143,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
             metrics = {M.EVAL_RETURN_MEAN: float(returns.mean()), M.EVAL_RETURN_MIN: float(returns.min()),
                        M.EVAL_LENGTH_MEAN: float(lengths.mean()), M.EVAL_VERSION: version, M.EVAL_ROUNDS: rounds,
                        M.EVAL_STREAK: streak}
-            print(f"{rc.name}: version {version}: return {returns.mean():.1f} (min {returns.min():.0f})", flush=True)
+            rc.say(f"version {version}: return {returns.mean():.1f} (min {returns.min():.0f})")
             control.heartbeat({**metrics, M.NET_DROPPED: weights.dropped})
             # >=: among equal scores keep the newest (most trained) weights.
             if returns.mean() >= best:

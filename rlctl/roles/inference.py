@@ -158,8 +158,8 @@ class InferenceServer:
         s = self.sessions.get(req.collector)
         if s is None or s.token != req.token:
             if s is not None:  # that collector was restarted: its old session ends here
-                print(f"{self.rc.name}: {s.name} started a new session at request {req.seq} (the last one ended at "
-                      f"request {s.next_seq - 1})", flush=True)
+                self.rc.say(f"{s.name} started a new session at request {req.seq} (the last one ended at "
+                            f"request {s.next_seq - 1})")
                 self.forget(s)
             s = self.sessions[req.collector] = CollectorSession(req.collector, req.token, self.new_core(req.collector),
                                                                 req.seq)
@@ -283,10 +283,10 @@ class InferenceServer:
 
     def run(self) -> None:
         """Serve until stopped."""
-        print(f"{self.rc.name}: {self.job.algorithm.name} policy on {self.device} for collectors "
-              f"{self.rc.rank} + k x {self.job.inference_server_count}, weights "
-              f"{'from shared memory ' + self.rc.weight_board if self.rc.weight_board else 'over the network'}, "
-              f"pid {os.getpid()}", flush=True)
+        self.rc.say(f"{self.job.algorithm.name} policy on {self.device} for collectors "
+                    f"{self.rc.rank} + k x {self.job.inference_server_count}, weights "
+                    f"{'from shared memory ' + self.rc.weight_board if self.rc.weight_board else 'over the network'}, "
+                    f"pid {os.getpid()}")
         with torch.no_grad():
             while not self.stop:
                 now = time.monotonic()

@@ -206,9 +206,9 @@ class LearnerShell:
     def run(self) -> None:
         """Update until the stop; then a last checkpoint and the final heartbeat."""
         self.publish()
-        print(f"{self.rc.name}: {self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
-              f"({self.threads} torch thread{'s' if self.threads > 1 else ''}), "
-              f"{sum(p.numel() for p in self.model.parameters())} parameters", flush=True)
+        self.rc.say(f"{self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
+                    f"({self.threads} torch thread{'s' if self.threads > 1 else ''}), "
+                    f"{sum(p.numel() for p in self.model.parameters())} parameters")
         next_ckpt = time.monotonic() + self.job.logging.checkpoint_interval_s
         window = ReportWindow(time.monotonic(), self.updates)
         while True:
@@ -249,7 +249,7 @@ class LearnerShell:
         stats = {k: float(v) / window.updates for k, v in window.totals.items()}
         why = divergence(stats)
         if why and not self.diverging:
-            print(f"{self.rc.name}: diverging after {self.updates} updates: {why}", flush=True)
+            self.rc.say(f"diverging after {self.updates} updates: {why}")
         self.diverging = why is not None
         self.control.heartbeat({
             "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
@@ -269,8 +269,8 @@ class LearnerShell:
         self.control.send("heartbeat", {"pid": os.getpid(), "rank": self.rank, "metrics": {
             "rank": self.rank, M.UPDATES: self.updates, M.VERSION: self.version, M.PARAM_DIGEST: digest,
             M.DIGEST_CHAIN: self.chain, M.FINAL: 1, **self.source.metrics()}})
-        print(f"{self.rc.name}: stopped after {self.updates} updates (version {self.version}); parameter digest "
-              f"{digest[:16]}", flush=True)
+        self.rc.say(f"stopped after {self.updates} updates (version {self.version}); parameter digest "
+                    f"{digest[:16]}")
 
     def close(self) -> None:
         """Remove the weight board and close every socket."""

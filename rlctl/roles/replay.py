@@ -55,11 +55,10 @@ class ReplayShard:
             buffer = load_snapshot(self.snapshot_path, self.replay_spec.capacity,
                                    replay_class=FrameReplay if self.frame_stack else PrioritizedReplay)
         except (SnapshotError, OSError) as exc:
-            print(f"{self.rc.name}: cannot use {self.snapshot_path} ({exc}); starting empty", flush=True)
+            self.rc.say(f"cannot use {self.snapshot_path} ({exc}); starting empty")
             return
         if buffer.layout() != self.expected:
-            print(f"{self.rc.name}: {self.snapshot_path} holds another layout than this job's; starting empty",
-                  flush=True)
+            self.rc.say(f"{self.snapshot_path} holds another layout than this job's; starting empty")
             return
         self.buffer, self.fields, self.snapshot_at = buffer, buffer.layout(), buffer.inserted
         self.describe_memory()
@@ -73,8 +72,8 @@ class ReplayShard:
         """One log line: what a transition costs in memory, and in all."""
         per = self.buffer.bytes_per_item()
         how = f"frames of {self.frame_stack}-frame stacks kept once" if self.frame_stack else "whole transitions"
-        print(f"{self.rc.name}: {how}: {per / 1024:.1f} KB per transition, {per * self.buffer.capacity / 2**30:.2f} "
-              f"GiB for {self.buffer.capacity}", flush=True)
+        self.rc.say(f"{how}: {per / 1024:.1f} KB per transition, {per * self.buffer.capacity / 2**30:.2f} "
+                    f"GiB for {self.buffer.capacity}")
 
     def snapshot(self) -> None:
         """Write the contents to this host's disk (durably: a kill leaves the previous snapshot)."""
@@ -194,7 +193,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     next_snapshot = time.monotonic() + interval
     inserted_last = shard.buffer.inserted if shard.buffer is not None else 0
     sampled_last, last_t = shard.sampled, time.monotonic()
-    print(f"{rc.name}: capacity {rc.job.replay.capacity}, alpha {rc.job.replay.alpha}, listening", flush=True)
+    rc.say(f"capacity {rc.job.replay.capacity}, alpha {rc.job.replay.alpha}, listening")
     poller_all, poller_smp = zmq.Poller(), zmq.Poller()
     for p in (poller_all, poller_smp):
         p.register(smp_sock, zmq.POLLIN)

@@ -26,6 +26,7 @@ from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise.process_table import ProcessHandle, ProcessTable
 from rlctl.supervise.remote_cleanup import finish_remote
 from rlctl.supervise.run_state import RunEnd, RunState
+from rlctl.supervise.supervisor_log import SupervisorLog
 from rlctl.rundir import RunDir, remove_weight_board
 from rlctl.job.load import load_job
 from rlctl.job.resolved import with_host_secrets
@@ -40,14 +41,15 @@ STOP_GRACE_S = 20.0
 
 class StopCriteria:
     """The job's stop rules over the run-level metrics; returns the reason once one is met (rlctl.supervise.stop_progress:
-    the same computation the progress lines show)."""
+    the same computation the progress lines show). Wall time counts every segment of a resumed run."""
 
-    def __init__(self, spec: JobSpec, started: float):
-        self.stop, self.started = spec.job.stop.model_dump(), started
+    def __init__(self, spec: JobSpec, started: float, elapsed_before: float = 0.0):
+        self.stop, self.started, self.elapsed_before = spec.job.stop.model_dump(), started, elapsed_before
 
     def met(self, m: dict, episodes_seen: int, now: float) -> StopProgress | None:
         """The first criterion met, or None."""
-        return next((p for p in stop_progress(self.stop, m, now - self.started, episodes_seen) if p.met), None)
+        elapsed = self.elapsed_before + now - self.started
+        return next((p for p in stop_progress(self.stop, m, elapsed, episodes_seen) if p.met), None)
 
     def reached(self, m: dict, episodes_seen: int, now: float) -> str | None:
         """A human-readable reason, or None."""
@@ -69,6 +71,7 @@ class Supervisor:
         self.sink = MetricsSink(spec, plan.run_id, rundir, hub, resumed, own_losses=self.router.losses)
         self.run_state = RunState(spec, plan, rundir, self.table, self.sink, resumed, display)
         self.starter = ProcessStarter(spec, plan, rundir, self.process_keys, self.table.slurm_job)
+        self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.stop_signals = 0
         self.signals_at_shutdown = 0
@@ -95,6 +98,8 @@ class Supervisor:
     def _start_and_watch(self) -> None:
         """Bind the control socket, start every process, then watch them until the run ends."""
         self.router.open()
+        hosts = ", ".join(h["name"] for h in self.plan.hosts)
+        self.log.write(f"starting {len(self.table.handles)} processes ({self.plan.algorithm}) on {hosts}")
         self.run_state.status = RunStatus.STARTING
         self.run_state.publish()
         # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
@@ -104,13 +109,13 @@ class Supervisor:
         self.starter.start_all(self.table.handles, stopping=lambda: self.stop_signals > 0,
                                meanwhile=lambda: self._keep_in_touch(20))
         # TensorBoard's import takes ~0.2 s: only once every process is on its way.
-        self.sink.open_tensorboard(self.run_state.started_at)
+        self.sink.open_tensorboard(self.run_state.segment_started_at)
         self.run_state.status = RunStatus.RUNNING
         self._loop()
 
     def _loop(self) -> None:
         """Watch until a signal, the end of the run (a process that failed, a stop rule met) or a fault."""
-        criteria = StopCriteria(self.spec, self.run_state.started_at)
+        criteria = StopCriteria(self.spec, self.run_state.segment_started_at, self.run_state.elapsed_before)
         next_state = next_point = 0.0
         while not self.stop_signals:
             self._keep_in_touch(100)
@@ -151,11 +156,12 @@ class Supervisor:
     def _wind_down(self) -> None:
         """Stop everything and write the run's end; each step runs whatever the one before it did."""
         state = self.run_state
-        # A finished run says so only once shutdown is done (final checkpoints written, every process gone):
-        # whoever waits for "finished" may then read the run's files.
-        reached = state.status == RunStatus.FINISHED
-        if state.status in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED):
+        # A run says it is over (finished, failed, stopped) only once shutdown is done (final checkpoints written,
+        # every process gone, all their output in the logs): whoever waits for that may then read the run's files.
+        ending = state.status
+        if ending in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED):
             state.status = RunStatus.STOPPING
+        self.log.write(f"stopping: {state.exit_reason or 'the run ended'}")
         self._guarded(state.publish)
         try:
             self._shutdown()
@@ -164,9 +170,12 @@ class Supervisor:
             self.table.kill_everything()
         state.ended_at = time.time()
         if state.status == RunStatus.STOPPING:
-            state.status = RunStatus.FINISHED if reached else RunStatus.STOPPED
-        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.started_at))
+            state.status = ending if ending in (RunStatus.FINISHED, RunStatus.FAILED) else RunStatus.STOPPED
+        self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.segment_started_at))
         self.starter.close()
+        for name in self.table.undrained():
+            self.log.write(f"{name}'s output is still open after its process ended: its last lines may follow")
+        self.log.end(state.status, state.exit_reason, state.elapsed_before + state.ended_at - state.segment_started_at)
         state.publish_final()
         self.router.close()
 

@@ -27,6 +27,7 @@ from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved
 from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
 from rlctl.supervise.run_state import RunEnd
 from rlctl.liveness import group_alive, process_start_time
+from rlctl.run_logs import stamp
 from rlctl.launch.slurm import job_nodes
 from rlctl.job.spec import JobSpec
 from rlctl.run_status import RunStatus
@@ -34,6 +35,9 @@ from rlctl.role_names import Role
 
 REMOTE_KILL_WAIT_S = 2.0  # after KILL went down a session, how long before the session itself is cut
 LOG_TAIL_LINES = 20
+# After the stop, how long the supervisor waits for the processes' output to reach their logs (the pipes to close)
+# before it writes the run's end: a pipe stays open past its process only if something outside the group holds it.
+LOG_DRAIN_S = 10.0
 
 
 class LogPump(threading.Thread):
@@ -61,10 +65,8 @@ class LogPump(threading.Thread):
                 self._note_event(line)
             if out is None:
                 continue  # the log is lost (self.error says why), but the child must never block on a full pipe
-            now = time.time()
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
             try:
-                out.write(f"{stamp} {line}\n")
+                out.write(f"{stamp()} {line}\n")
                 out.flush()
             except OSError as exc:
                 self.error = exc
@@ -385,8 +387,14 @@ class ProcessTable:
                 if h.life.state is not ProcState.LOST:
                     h.last_exit = h.popen.returncode
                 h.life.stop()
+        deadline = time.monotonic() + LOG_DRAIN_S
+        for h in self.handles:
             if h.pump:
-                h.pump.join(timeout=2)
+                h.pump.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def undrained(self) -> list[str]:
+        """Processes whose output pipe is still open after reap_all (their last lines may come after the run's end)."""
+        return [h.spec.name for h in self.handles if h.pump is not None and h.pump.is_alive()]
 
     def kill_everything(self) -> None:
         """Last resort when shutdown itself failed: SIGKILL every process group, so none is orphaned."""

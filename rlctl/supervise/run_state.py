@@ -82,10 +82,13 @@ class RunState:
         self.exit_reason: str | None = None  # for people; code reads stopped_by and failure
         self.stopped_by: dict | None = None  # the [job.stop] criterion met (StopProgress.record)
         self.failure: dict | None = None
-        self.started_at = time.time()
+        self.segment_started_at = time.time()  # this segment's (this supervisor's) start
         self.ended_at: float | None = None
-        # A resumed run continues the segments before it (their times count in `rlctl status`).
-        self.segments: list[dict] = list((resumed or {}).get("segments", []))
+        # A resumed run continues the segments before it (each closed by `run --resume`): the run started with the
+        # first, and its elapsed time (the wall_s budget too) adds up all of them.
+        self.segments: list[dict] = [s for s in (resumed or {}).get("segments", []) if isinstance(s, dict)]
+        self.started_at = self.segments[0]["started_at"] if self.segments else self.segment_started_at
+        self.elapsed_before = sum(max(0.0, s["ended_at"] - s["started_at"]) for s in self.segments)
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
         self.own_start = process_start_time(os.getpid())  # with the pid: `rlctl stop` never signals a reused pid
 
@@ -100,10 +103,11 @@ class RunState:
     def fail_self(self, exc: BaseException) -> None:
         """Record a fault of the supervisor's own (a full disk, a bug) as the run's failure, once."""
         traceback.print_exception(exc, file=sys.stderr)
-        if self.status != RunStatus.FAILED:
-            self.status = RunStatus.FAILED
+        # A failed run winding down is "stopping" on disk, with its first failure kept.
+        if self.status != RunStatus.FAILED and self.failure is None:
             self.exit_reason = f"supervisor error: {type(exc).__name__}: {exc}"
             self.failure = {"process": "supervisor", "error": f"{type(exc).__name__}: {exc}"}
+        self.status = RunStatus.FAILED
 
     def document(self) -> dict:
         """The state.json document."""
@@ -117,7 +121,7 @@ class RunState:
             "stopped_by": self.stopped_by, "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [process_row(h) for h in self.table.handles], "metrics": self.sink.figures(),
             "learner_ranks": {str(r): v for r, v in sorted(hub.learner_ranks.items())},
-            "segments": self.segments + [{"started_at": self.started_at, "ended_at": self.ended_at}],
+            "segments": self.segments + [{"started_at": self.segment_started_at, "ended_at": self.ended_at}],
             "stop": self.spec.job.stop.model_dump(), "episodes_seen": hub.episodes,
             "return_history": list(self.sink.return_history),
         }

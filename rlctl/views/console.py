@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.views import bottleneck
 from rlctl import metric_names as M
-from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, status_of
+from rlctl import run_reading
+from rlctl.rundir import TERMINAL_STATES, RunDir, status_of
 from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -126,16 +127,8 @@ def _metrics(state: dict) -> dict:
 
 
 def _elapsed(state: dict, now: float | None = None) -> float | None:
-    """Seconds the run has been going (until ended_at, or last update for ended/lost runs)."""
-    start = _num(state.get("started_at"))
-    if start is None:
-        return None
-    end = _num(state.get("ended_at"))
-    if end is None and status_of(state) in OVER_STATES:
-        end = _num(state.get("updated_at"))  # last sign of life of a run that is over
-    if end is None:
-        end = time.time() if now is None else now
-    return max(0.0, end - start)
+    """Seconds the run has been going, every segment of a resumed run added up (rlctl.run_reading.elapsed_s)."""
+    return run_reading.elapsed_s(state, now)
 
 
 def _styled(status: str) -> "Text":
@@ -197,12 +190,7 @@ def build_table(title: str | None, columns: list[str], rows: list[list], width: 
 
 def _job_from_run_id(run_id: str) -> str:
     """Job name part of a run id ("apex-cartpole-20261129-220111" -> "apex-cartpole")."""
-    parts = run_id.split("-")
-    # Drop "-YYYYmmdd-HHMMSS" and an optional collision suffix "-N".
-    for drop in (3, 2):
-        if len(parts) > drop and parts[-drop].isdigit() and len(parts[-drop]) == 8:
-            return "-".join(parts[:-drop])
-    return run_id
+    return run_reading.job_of_run_id(run_id)
 
 
 def _run_row(rundir: RunDir) -> list:
@@ -215,7 +203,7 @@ def _run_row(rundir: RunDir) -> list:
         state.get("job") or _job_from_run_id(rundir.run_id),
         state.get("algorithm") or "-",
         _styled(rundir.effective_status(state) if state else RunStatus.UNKNOWN),
-        _local_time(state.get("started_at")),
+        _local_time(run_reading.first_started(state)),
         format_duration(_elapsed(state)),
         format_rate(_num(metrics.get(M.ENV_STEPS))),
         _format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
@@ -225,28 +213,10 @@ def _run_row(rundir: RunDir) -> list:
 
 def runs_json(runs: list[RunDir]) -> list[dict]:
     """`rlctl status --json` without a run: one object per run, newest first, raw numbers under snake_case keys
-    (null where a figure is unknown)."""
-    out = []
-    for rundir in reversed(runs):
-        state = rundir.read_state() or {}
-        metrics = _metrics(state)
-        hosts = state.get("hosts")
-        steps = _num(metrics.get(M.ENV_STEPS))
-        out.append({
-            "run_id": rundir.run_id,
-            "job": state.get("job") or _job_from_run_id(rundir.run_id),
-            "algorithm": state.get("algorithm"),
-            "status": rundir.effective_status(state) if state else RunStatus.UNKNOWN,
-            "exit_reason": state.get("exit_reason"),
-            "started_at": _num(state.get("started_at")),
-            "elapsed_s": _elapsed(state),
-            "env_steps": int(steps) if steps is not None else None,
-            "return_mean": _num(metrics.get(M.EPISODE_RETURN_MEAN)),
-            "eval_return_mean": _num(metrics.get(M.EVAL_RETURN_MEAN)),
-            "hosts": [str(h) for h in hosts] if isinstance(hosts, list) else [],
-            "run_dir": str(rundir.path),
-        })
-    return out
+    (null where a figure is unknown; rlctl.views.run_json.run_summary)."""
+    from rlctl.views.run_json import run_summary
+
+    return [run_summary(rundir) for rundir in reversed(runs)]
 
 
 def runs_table_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
@@ -533,6 +503,18 @@ def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) ->
     # Process output may carry its own ANSI colours; decode those rather than printing escapes.
     line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
     return line
+
+
+def log_printer(as_json: bool = False):
+    """A function that prints one log entry (ts, source, text): as a coloured line, or as one JSON object."""
+    if as_json:
+        def show(entry: tuple[float, str, str]) -> None:
+            ts, source, text = entry
+            sys.stdout.write(json.dumps({"ts": round(ts, 3), "source": source, "text": text}) + "\n")
+            sys.stdout.flush()
+        return show
+    con = get_console()
+    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]))
 
 
 def progress_printer(interval_s: float = 5.0):
