@@ -240,6 +240,8 @@ def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path,
     out = res.stdout + res.stderr
     assert f"run {only_run(runs).name} failed: {process} cannot start: {cause}\n" in res.stdout, out
     assert out.count(why) == 1 and "Traceback" not in out, out
+    shown = run_cli(["status", only_run(runs).name, "--runs-dir", str(runs)], env={"COLUMNS": "400"}).stdout
+    assert f"exit: {process} cannot start: {cause}" in shown and "Traceback" not in shown, shown
     log = (only_run(runs) / "logs" / f"{process}.log").read_text()
     assert "Traceback" in log and events.first(only_run(runs) / "logs" / f"{process}.log", "exit",
                                                  reason=events.EXIT_STARTUP_FAILED, detail=cause)

@@ -430,6 +430,9 @@ def _failure_text(state: dict) -> "Text | None":
     failure = state.get("failure")
     if not isinstance(failure, dict):
         return None
+    if "cause" in failure:  # a start-up failure: its cause is the exit line, its traceback in its log, not shown again
+        return Text(f"{failure.get('process', '?')} cannot start; its traceback: logs/{failure.get('process')}.log\n",
+                    style="bold red")
     text = Text(f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}\n", style="bold red")
     tail = failure.get("log_tail")
     for line in tail if isinstance(tail, list) else []:
