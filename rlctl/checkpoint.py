@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-import gymnasium as gym
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from rlctl.durable import remove_temporaries, replace_file
 
+if TYPE_CHECKING:
+    import torch
+
+# torch and gymnasium are imported where they are used: `rlctl eval` of a file that is plainly no checkpoint says so
+# before paying for them.
 FORMAT = 1
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+PICKLE_MAGIC = b"\x80"  # ... or, in its legacy format, a pickle (protocol 2 and later)
 
 
 class CheckpointError(Exception):
@@ -21,6 +25,8 @@ class CheckpointError(Exception):
 def save_checkpoint(directory: str | Path, payload: dict, name: str = "latest.pt", index: int = 0,
                     keep_every: int = 0) -> Path:
     """Write `name` durably; also keep `ckpt-<index>.pt` when index is a multiple of keep_every."""
+    import torch
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     numbered = d / f"ckpt-{index:06d}.pt" if keep_every and index % keep_every == 0 else None
@@ -44,6 +50,11 @@ def newest_checkpoint(directory: str | Path, name: str = "latest.pt") -> dict | 
 
 def load_checkpoint(path: str | Path) -> dict:
     """Read a checkpoint (tensors and plain data only: no pickled code is executed)."""
+    plainly_not = _not_a_checkpoint(path)
+    if plainly_not:
+        raise CheckpointError(plainly_not)
+    import torch
+
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
@@ -51,6 +62,24 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError("not an rlctl checkpoint")
     return data
+
+
+def _not_a_checkpoint(path: str | Path) -> str | None:
+    """Why a file is plainly no checkpoint, from its first bytes (what it is instead where that is clear), or None
+    when torch.load is to judge."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        return f"cannot read checkpoint: {exc.strerror or exc}"
+    if not head:
+        return "cannot read checkpoint: the file is empty"
+    if head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
+        return None
+    give = "give a run (id or prefix) or a checkpoint file (a run's checkpoints/*.pt)"
+    if Path(path).suffix == ".toml" or re.search(rb"^\s*\[job\]", head, re.M):
+        return f"a job file, not a checkpoint: {give}; a job file goes with --job"
+    return f"not a checkpoint (torch.save writes a zip archive, and this file is none): {give}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -124,8 +153,10 @@ def _record(data: dict, key: str) -> object:
 
 
 def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, trust_checkpoint: bool = False,
-                        video_dir: str | None = None) -> dict:
-    """Greedy episodes with a checkpoint's policy; returns mean/min/max return and lengths.
+                        video_dir: str | None = None, stochastic: bool = False,
+                        progress: Callable[[int, int], None] | None = None) -> dict:
+    """Episodes with a checkpoint's policy, greedy (or, `stochastic`, with actions sampled from a policy network);
+    returns mean/std/min/max return and lengths. `progress(episodes done, env steps)` is called every step.
 
     `job` (a JobSpec: the run directory's job.toml, a --job file) is what the env and the network are made from; its
     entry points are the user's own. Without it the job stored in the checkpoint is used, and whatever code that names
@@ -133,22 +164,31 @@ def evaluate_checkpoint(path: str | Path, episodes: int, seed: int, job=None, tr
     (unreadable, records missing or malformed, weights that do not fit, an env that cannot be made or whose spaces are
     not the checkpoint's) is a CheckpointError with a one-line reason.
     """
+    data = load_checkpoint(path)  # first: a file that is no checkpoint is refused before torch is imported
+    import gymnasium as gym
+    import torch
+
     from rlctl.roles.evaluator import greedy_episodes
 
-    data = load_checkpoint(path)
     if job is None:
         job = _stored_job(data, trust_checkpoint)
     model, updates = _policy(data, job)
+    if stochastic and not hasattr(model, "sample"):
+        raise CheckpointError(f"--stochastic samples a policy network's actions (ppo, appo, impala); "
+                              f"{job.algorithm.name}'s network gives Q-values, acted on greedily")
+    torch.manual_seed(seed)  # the sampled actions of --stochastic repeat with the seed
     try:
-        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algorithm_entry.recurrent, video_dir=video_dir)
+        returns, lengths = greedy_episodes(model, job.env, episodes, seed, job.algorithm_entry.recurrent,
+                                           video_dir=video_dir, stochastic=stochastic, progress=progress)
     except gym.error.DependencyNotInstalled as exc:  # RecordVideo without moviepy
         raise CheckpointError(f"cannot record video: {_one_line(exc)} (pip install -e '.[video]')") from None
-    out = {"checkpoint": str(path), "updates": updates, "episodes": episodes,
-           "return_mean": float(returns.mean()), "return_min": float(returns.min()),
-           "return_max": float(returns.max()), "length_mean": float(lengths.mean()),
-           "returns": [float(r) for r in returns], "lengths": [int(n) for n in lengths]}
+    out = {"checkpoint": str(path), "updates": updates, "episodes": episodes, "stochastic": stochastic,
+           "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+           "return_min": float(returns.min()), "return_max": float(returns.max()),
+           "length_mean": float(lengths.mean()), "returns": [float(r) for r in returns],
+           "lengths": [int(n) for n in lengths]}
     if video_dir is not None:
-        out["videos"] = [str(Path(video_dir) / f"episode-{i}-episode-0.mp4") for i in range(episodes)]
+        out["videos"] = [str(Path(video_dir) / f"episode-{i}.mp4") for i in range(episodes)]
     return out
 
 
@@ -178,7 +218,7 @@ def _policy(data: dict, job) -> tuple[torch.nn.Module, int]:
     """(the job's network with the checkpoint's weights loaded, the checkpoint's update count); CheckpointError
     unless the file's records, the env the job makes and the weights all fit together."""
     from rlctl.algos import build_model
-    from rlctl.envs import SpaceInfo, probe_space_info
+    from rlctl.envs import EnvStartError, SpaceInfo, probe_space_info
 
     if "space" not in data:
         raise CheckpointError("checkpoint has no 'space' record (written by an older rlctl)")
@@ -195,7 +235,9 @@ def _policy(data: dict, job) -> tuple[torch.nn.Module, int]:
         raise CheckpointError(f"its 'updates' record is not a count (a {type(data['updates']).__name__})") from None
     try:
         made = probe_space_info(job.env)
-    except Exception as exc:  # an unknown id, bad kwargs, the env's own errors: any type
+    except EnvStartError as exc:  # its message names the env and the cause
+        raise CheckpointError(f"cannot make the env: {exc}") from None
+    except Exception as exc:  # anything else of the env's own: any type
         raise CheckpointError(f"cannot make env {job.env.id!r} ({type(exc).__name__}: {_one_line(exc)})") from None
     # Everything below allocates what the file declares: the env's own spaces and the weights the file holds bound it.
     if (made.obs_shape, made.n_actions, made.action_shape) != (info.obs_shape, info.n_actions, info.action_shape):
@@ -218,6 +260,8 @@ def _check_weight_shapes(job, info, state: dict) -> None:
     """Refuse weights whose names or shapes are not those of the job's network, before that network is built: it is
     built on torch's meta device first (no memory), so a stored job declaring a huge network allocates nothing, and
     the real one is then no larger than the weights already read from the file."""
+    import torch
+
     from rlctl.algos import build_model
 
     try:

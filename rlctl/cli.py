@@ -49,7 +49,7 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def _bad_input(message: str) -> "typer.Exit":
     from rlctl.views.console import get_console
 
-    get_console(stderr=True).print(message, markup=False)
+    get_console(stderr=True).print(message, markup=False, soft_wrap=True)  # a long line stays one line
     return typer.Exit(EXIT_BAD_INPUT)
 
 
@@ -110,19 +110,20 @@ def init(algo: Optional[str] = typer.Option(None, "--algo", help=f"Algorithm ({'
 
 
 @app.command()
-def validate(files: List[Path] = typer.Argument(..., help="Job files to check.")) -> None:
-    """Check job files against the schema; exit 2 naming the key path on error."""
-    from rlctl.job.load import JobFileError, load_job
+def validate(files: List[Path] = typer.Argument(..., help="Job files to check (`-`: read one from stdin).")) -> None:
+    """Check job files against the schema and load the env and wrapper entry points they name; exit 2 naming the
+    file, key path and reason on error."""
+    from rlctl.job.load import JobFileError, check_entry_points, load_job, source_name
 
     bad = 0
     for f in files:
         try:
-            spec = load_job(f)
+            spec = check_entry_points(load_job(f), f)
         except JobFileError as exc:
             bad += 1
             print(exc.render(), file=sys.stderr)
             continue
-        print(f"{f}: OK ({spec.algorithm.name}, {spec.env.id})")
+        print(f"{source_name(f)}: OK ({spec.algorithm.name}, {spec.env.id})")
     if bad:
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -209,7 +210,7 @@ def _launch_errors():
     hosts that failed the check 1."""
     from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
     from rlctl.launch.resume import ResumeRefused
-    from rlctl.rundir import RunNotFound
+    from rlctl.rundir import RunNotFound, RunsDirUnusable
     from rlctl.job.load import JobFileError
 
     try:
@@ -218,7 +219,7 @@ def _launch_errors():
         raise _bad_input(exc.render()) from None
     except ResumeRefused as exc:
         raise _bad_input(f"rlctl run --resume: {exc}") from None
-    except (LaunchRefused, RunNotFound) as exc:
+    except (LaunchRefused, RunNotFound, RunsDirUnusable) as exc:
         raise _bad_input(str(exc)) from None
     except PreflightFailed as exc:
         print(exc, file=sys.stderr)
@@ -255,9 +256,9 @@ def _run_attached(rundir) -> int:
     else:
         code = supervise(rundir, display=progress_printer())
     state = rundir.read_state() or {}
-    con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False)
+    con.print(f"run {rundir.run_id} {state.get('status')}: {state.get('exit_reason')}", markup=False, soft_wrap=True)
     failure = state.get("failure")
-    if failure:
+    if failure and "cause" not in failure:  # a start-up failure's cause is the line above; its traceback is in the log
         con.print(f"--- last lines of {failure.get('process')} ---", markup=False)
         for line in failure.get("log_tail", []):
             con.print(line, markup=False)
@@ -447,12 +448,15 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
     """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out, or CSV with --csv."""
     from rlctl.views.console import get_console
     from rlctl.views.curve_data import BANDS, NoCurves, plot_curves
-    from rlctl.views.curves import X_AXES, png_plot, terminal_plot
+    from rlctl.views.curves import X_AXES, PngError, png_out_problem, png_plot, terminal_plot
 
     if x not in X_AXES:
         raise _bad_input(f"--x must be one of {', '.join(X_AXES)}, not {x!r}")
     if band not in BANDS:
         raise _bad_input(f"--band must be one of {', '.join(BANDS)}, not {band!r}")
+    problem = png_out_problem(out) if out is not None else None
+    if problem:
+        raise _bad_input(problem)
     dirs = [_resolve(runs_dir, r) for r in (runs or [None])]
     try:
         curves, skipped = plot_curves(dirs, metric, x, smooth, band if group else None)
@@ -471,7 +475,10 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
 
     if importlib.util.find_spec("matplotlib") is None:
         raise _bad_input("--out needs matplotlib: pip install -e '.[plot]'")
-    print(png_plot(curves, metric, x, out))
+    try:
+        print(png_plot(curves, metric, x, out))
+    except PngError as exc:
+        raise _bad_input(str(exc)) from None
 
 
 def _write_csv(curves, path: Path) -> None:
@@ -502,8 +509,11 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
           trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", help="Let a checkpoint file's stored "
                                                 "job import the code it names (`module:attr` env ids, wrappers); "
                                                 "refused by default: only for files from a source you trust."),
-          video: Optional[Path] = typer.Option(None, "--video", help="Record each episode as an MP4 into this folder "
-                                               "(gymnasium's RecordVideo; needs pip install -e '.[video]')."),
+          video: Optional[Path] = typer.Option(None, "--video", help="Record each episode as episode-<i>.mp4 into "
+                                               "this folder (gymnasium's RecordVideo; needs pip install -e "
+                                               "'.[video]')."),
+          stochastic: bool = typer.Option(False, "--stochastic", help="Sample actions from the policy (ppo, appo, "
+                                          "impala) instead of taking the most likely one."),
           as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Run greedy episodes with a run's checkpoint (or a checkpoint file) and print the mean return."""
     if which not in ("best", "latest"):
@@ -521,20 +531,26 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
             # The run directory is the user's own: its job.toml, not what its checkpoint file says, makes the env.
             spec = _load(rd.job_toml)
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
+    from rlctl.views.eval_progress import EpisodeProgress
 
+    progress = EpisodeProgress(episodes)
     try:
         result = evaluate_checkpoint(path, episodes, seed, job=spec, trust_checkpoint=trust_checkpoint,
-                                     video_dir=str(video) if video is not None else None)
+                                     video_dir=str(video) if video is not None else None, stochastic=stochastic,
+                                     progress=progress)
     except CheckpointError as exc:
-        print(f"{path}: {exc}", file=sys.stderr)  # one line, however long: not wrapped like _bad_input's
+        print(f"{path}: {exc}", file=sys.stderr)  # one line, however long
         raise typer.Exit(EXIT_BAD_INPUT) from None
+    finally:
+        progress.close()
     if as_json:
         from rlctl.views.console import print_json
 
         print_json(result)
     else:
-        print(f"{path}: mean return {result['return_mean']:.1f} over {episodes} episodes "
-              f"(min {result['return_min']:.1f}, max {result['return_max']:.1f})")
+        print(f"{path}: mean return {result['return_mean']:.1f} ± {result['return_std']:.1f} over {episodes} "
+              f"{'sampled' if stochastic else 'greedy'} episodes (min {result['return_min']:.1f}, "
+              f"max {result['return_max']:.1f})")
         for i, (ret, length) in enumerate(zip(result["returns"], result["lengths"])):
             print(f"  episode {i}: return {ret:.1f}, {length} steps"
                   + (f", {result['videos'][i]}" if "videos" in result else ""))

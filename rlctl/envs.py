@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
+from rlctl.job.entry_points import EntryPointError, load_entry_point, one_line
 from rlctl.job.env_ids import ENV_PACKAGES, register_env_packages
 from rlctl.job.spec import EnvSpec
+
+
+class EnvStartError(RuntimeError):
+    """The job's env cannot be made here (an entry point that does not load, a constructor that raises): an error
+    that recurs on every start, so a role process that meets it stops for good (rlctl.roles.context.role_main).
+    The message is one line and names the env."""
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -24,9 +30,9 @@ def resolve_env_id(env_id: str) -> str:
         return env_id
     module, _, attr = env_id.partition(":")
     try:
-        getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"env.id {env_id!r}: cannot load entry point ({exc})") from None
+        load_entry_point(env_id)
+    except EntryPointError as exc:
+        raise EnvStartError(f"env.id {env_id!r}: {exc}") from None
     derived = f"rlctl-{module.replace('.', '-')}-{attr}-v0"
     if derived not in gym.registry:
         gym.register(id=derived, entry_point=env_id)
@@ -36,7 +42,18 @@ def resolve_env_id(env_id: str) -> str:
 def make_vec_env(spec: EnvSpec, num_envs: int | None = None, outer_wrappers: list | None = None,
                  render_mode: str | None = None) -> gym.vector.VectorEnv:
     """Vector env per the job: native vectorized implementation where one exists (auto), else sync/async;
-    the job's wrappers around every sub-env, then `outer_wrappers` (called once per sub-env, in order)."""
+    the job's wrappers around every sub-env, then `outer_wrappers` (called once per sub-env, in order).
+    EnvStartError when it cannot be made, whatever the cause (the env's own code may raise anything)."""
+    try:
+        return _make_vec_env(spec, num_envs, outer_wrappers, render_mode)
+    except EnvStartError:
+        raise
+    except Exception as exc:
+        raise EnvStartError(f"env.id {spec.id!r}: making the env failed ({one_line(exc)})") from exc
+
+
+def _make_vec_env(spec: EnvSpec, num_envs: int | None, outer_wrappers: list | None,
+                  render_mode: str | None) -> gym.vector.VectorEnv:
     env_id = resolve_env_id(spec.id)
     num = num_envs or spec.envs_per_collector
     mode = spec.vectorization
@@ -70,11 +87,10 @@ def preset_wrappers(spec: EnvSpec) -> list:
 
 def _wrapper(name: str, kwargs: dict):
     """`module:Class` -> a callable that wraps one env with it."""
-    module, _, attr = name.partition(":")
     try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"env.wrappers: cannot load {name!r} ({exc})") from None
+        cls = load_entry_point(name)
+    except EntryPointError as exc:
+        raise EnvStartError(f"env.wrappers: {name!r}: {exc}") from None
     return lambda env: cls(env, **kwargs)
 
 
@@ -167,5 +183,7 @@ def probe_space_info(spec: EnvSpec) -> SpaceInfo:
     env = make_vec_env(spec, num_envs=1)
     try:
         return env_space_info(env)
+    except ValueError as exc:  # a space rlctl cannot handle: the same on every start
+        raise EnvStartError(f"env.id {spec.id!r}: {exc}") from None
     finally:
         env.close()

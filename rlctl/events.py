@@ -45,6 +45,10 @@ EVENTS: dict[str, dict[str, type]] = {
 }
 EXIT_SUPERVISOR_GONE = "supervisor_gone"  # the local supervisor that started the process died
 EXIT_SUPERVISOR_SILENT = "supervisor_silent"  # a remote session heard nothing from the supervisor for too long
+# The process cannot start, and would fail the same way on every start (its env cannot be made, code it needs cannot
+# be imported): `detail` is the cause on one line. The supervisor fails the run on it at once, without restarts.
+EXIT_STARTUP_FAILED = "startup_failed"
+STARTUP_FAILED_CODE = 78  # what such a process exits with (sysexits' EX_CONFIG)
 
 _NAME = re.compile(r"[a-z_]{1,40}")
 

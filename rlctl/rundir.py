@@ -40,6 +40,11 @@ class RunNotFound(Exception):
     """No run (or no unique run) matches what the user asked for."""
 
 
+class RunsDirUnusable(Exception):
+    """The runs directory cannot hold a new run (read-only, not a folder, no permission); the message is one line
+    with the way out (--runs-dir, RLCTL_RUNS_DIR)."""
+
+
 class RunBusy(Exception):
     """Another rlctl command holds the run directory's lock."""
 
@@ -150,18 +155,23 @@ class RunDir:
         owner: this process and all it starts create folders 0700 and files 0600 from here on (umask 077)."""
         os.umask(0o077)
         root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
         base = new_run_id(job_name, now)
-        for n in range(1, 10_000):
-            path = root / (base if n == 1 else f"{base}-{n}")
-            try:
-                path.mkdir(mode=0o700)  # exclusive: two runs starting in the same second cannot share it
-            except FileExistsError:
-                continue
-            rundir = cls(path)
-            for sub in (rundir.logs_dir, rundir.tb_dir, rundir.checkpoints_dir):
-                sub.mkdir()
-            return rundir
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for n in range(1, 10_000):
+                path = root / (base if n == 1 else f"{base}-{n}")
+                try:
+                    path.mkdir(mode=0o700)  # exclusive: two runs starting in the same second cannot share it
+                except FileExistsError:
+                    continue
+                rundir = cls(path)
+                for sub in (rundir.logs_dir, rundir.tb_dir, rundir.checkpoints_dir):
+                    sub.mkdir()
+                return rundir
+        except OSError as exc:
+            why = "it is not a folder" if root.exists() and not root.is_dir() else exc.strerror or str(exc)
+            raise RunsDirUnusable(f"rlctl: cannot create a run directory in {root}: {why}; give a "
+                                  f"folder you can write with --runs-dir or {RUNS_DIR_ENV}") from None
         raise FileExistsError(f"could not find a free run id for {base!r} in {root}")
 
     def lock(self, wait_s: float = RUN_LOCK_WAIT_S) -> RunLock:

@@ -11,8 +11,11 @@ tells whether `eval` imported it.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -253,3 +256,71 @@ def test_a_checkpoint_declaring_a_huge_network_is_refused_before_it_is_built(tmp
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["reason"] is not None, result
     assert result["seconds"] < 2.0 and result["grown_mb"] < 200, result
+
+
+# What `rlctl eval` prints (issue 30): mean ± std, sampled episodes with --stochastic, videos named by episode, no
+# stray stderr, a progress line while episodes run.
+
+def _ppo_job() -> dict:
+    return {**_job(), "algorithm": {"name": "ppo"}}
+
+
+def test_eval_summary_has_mean_and_std_and_stochastic_samples_a_policy(tmp_path):
+    import numpy as np
+
+    greedy = run_cli(["eval", str(_checkpoint(tmp_path / "ppo.pt", _ppo_job())), "--episodes", "4"])
+    summary = rf"{tmp_path}/ppo.pt: mean return [\d.]+ ± [\d.]+ over 4 greedy episodes \(min [\d.]+, max [\d.]+\)$"
+    assert greedy.stderr == "" and re.match(summary, greedy.stdout.splitlines()[0]), greedy.stdout
+
+    def sampled(seed: str) -> dict:
+        return json.loads(run_cli(["eval", str(tmp_path / "ppo.pt"), "--episodes", "6", "--stochastic", "--json",
+                                   "--seed", seed]).stdout)
+    first, again = sampled("5"), sampled("5")
+    assert first["stochastic"] and first["returns"] == again["returns"]  # sampled, and repeatable with the seed
+    assert first["return_std"] == pytest.approx(float(np.std(first["returns"])))
+    refused = run_cli(["eval", str(_checkpoint(tmp_path / "apex.pt")), "--stochastic"], expected_exit=2)
+    assert "--stochastic samples a policy network's actions" in _one_line_error(refused)
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("moviepy", "pygame")),
+                    reason="needs the [video] extra: pip install -e '.[video]'")
+def test_eval_videos_are_named_by_episode_and_leave_stderr_empty(tmp_path):
+    videos = tmp_path / "videos"
+    ckpt = _checkpoint(tmp_path / "apex.pt")
+    for _ in range(2):  # the second time into a folder that has them already
+        # An XDG_RUNTIME_DIR that is no folder made SDL (pygame's, drawing CartPole) complain on stderr.
+        proc = run_cli(["eval", str(ckpt), "--episodes", "3", "--video", str(videos)],
+                       env={"XDG_RUNTIME_DIR": str(tmp_path / "nowhere")})
+        assert proc.stderr == "", proc.stderr
+        assert sorted(p.name for p in videos.iterdir()) == ["episode-0.mp4", "episode-1.mp4", "episode-2.mp4"]
+        assert [line.rsplit(", ", 1)[-1] for line in proc.stdout.splitlines()[1:]] == [
+            str(videos / f"episode-{i}.mp4") for i in range(3)], proc.stdout
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_eval_progress_line_is_rewritten_on_a_terminal_and_erased_at_the_end():
+    from rlctl.views.eval_progress import EpisodeProgress
+
+    terminal = _Terminal()
+    progress = EpisodeProgress(10, terminal)
+    progress(0, 5)  # within its first tenth of a second: nothing yet
+    assert terminal.getvalue() == ""
+    progress.next_at = 0.0
+    progress(3, 1234)
+    assert re.fullmatch(r"\reval: 3/10 episodes done, 1,234 env steps, \d+\.\ds", terminal.getvalue())
+    progress.next_at = 0.0
+    progress(10, 2000)  # all done: the results follow
+    shown = terminal.getvalue()
+    progress.close()
+    assert terminal.getvalue() == shown + "\r" + " " * (len(shown) - 1) + "\r"
+    piped = io.StringIO()
+    plain = EpisodeProgress(10, piped)
+    plain(3, 1234)  # a pipe gets a line every 5 s at most: none for a short evaluation
+    plain.next_at = 0.0
+    plain(4, 1500)
+    plain.close()
+    assert re.fullmatch(r"eval: 4/10 episodes done, 1,500 env steps, \d+\.\ds\n", piped.getvalue())

@@ -188,3 +188,67 @@ def test_the_process_table_restarts_a_collector_until_its_restarts_run_out(tmp_p
     assert end.reason == f"collector-0 exited with code -9 (exceeded 1 restarts within {spec.topology.restart_window_s:g}s)"
     assert end.failure == {"process": "collector-0", "exit_code": KILLED, "log_tail": []}
     assert table.reap() is None  # a failed process is not looked at again
+
+
+def test_a_process_that_cannot_start_is_not_restarted_whatever_restarts_it_has_left():
+    from rlctl.events import STARTUP_FAILED_CODE
+
+    life = running()
+    assert not life.ended(STARTUP_FAILED_CODE, critical=False, now=10.0) and life.restarts == 0
+    assert POLICY.why_not_restarted(False, STARTUP_FAILED_CODE) == "it cannot start, and would not on a restart either"
+    life.cannot_start("env.id 'm:E': making the env failed (RuntimeError: boom)")
+    assert life.state is ProcState.FAILED and life.restarts == 0
+    assert life.note == "cannot start: env.id 'm:E': making the env failed (RuntimeError: boom)"
+
+
+def _pump_of(tmp_path, *lines: str):
+    """A real LogPump that has read `lines` (a process's output) to its end."""
+    import io
+
+    from rlctl.supervise.process_table import LogPump
+
+    pump = LogPump(io.BytesIO("".join(f"{line}\n" for line in lines).encode()), tmp_path / "p.log")
+    pump.start()
+    pump.join(timeout=10)
+    return pump
+
+
+def test_the_process_table_fails_the_run_at_once_when_a_process_says_it_cannot_start(tmp_path):
+    """The process's `exit` event (rlctl.events) names the cause: the run fails with it first, nothing restarted;
+    a process that said so but still runs (a learner's torchrun agent, about to start its ranks again) is killed."""
+    import subprocess
+
+    from rlctl import events
+    from rlctl.launch.plan import make_plan
+    from rlctl.supervise.process_table import ProcessTable
+    from rlctl.job.load import load_job
+
+    spec = load_job(small_job(tmp_path, max_restarts=3))
+    cause = ("env.id 'mypkg.envs:MyEnv': cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
+             "'mypkg')")
+    said = events.line("exit", reason=events.EXIT_STARTUP_FAILED, detail=cause)
+    table = ProcessTable(spec, make_plan(spec, "t-1", str(tmp_path / "run"), 30000), on_restart=lambda name: None)
+    collector = table.by_name["collector-0"]
+    collector.popen, collector.pump = EndedProcess(events.STARTUP_FAILED_CODE), _pump_of(tmp_path, "Traceback", said)
+    end = table.reap()
+    assert end.status == "failed" and end.reason == f"collector-0 cannot start: {cause}"
+    assert end.failure["cause"] == cause and collector.life.state is ProcState.FAILED and collector.life.restarts == 0
+
+    table = ProcessTable(spec, make_plan(spec, "t-2", str(tmp_path / "run"), 30000), on_restart=lambda name: None)
+    learner = table.by_name["learner-0"]
+    learner.popen = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        learner.pump = _pump_of(tmp_path, "2026-12-04T00:11:48.434 " + said)  # stamped, as remote lines come
+        end = table.reap()
+        assert end.reason == f"learner-0 cannot start: {cause}" and learner.life.state is ProcState.FAILED
+        assert learner.popen.wait(timeout=10) == KILLED
+    finally:
+        learner.popen.kill()
+        learner.popen.wait()
+    # An exit code alone (the event lost) still restarts nothing.
+    table = ProcessTable(spec, make_plan(spec, "t-3", str(tmp_path / "run"), 30000), on_restart=lambda name: None)
+    replay = table.by_name["replay-0"]
+    replay.popen, replay.pump = EndedProcess(events.STARTUP_FAILED_CODE), _pump_of(tmp_path, "Traceback")
+    end = table.reap()
+    assert end.reason == (f"replay-0 exited with code {events.STARTUP_FAILED_CODE} (it cannot start, and would not "
+                          "on a restart either)") and replay.life.restarts == 0

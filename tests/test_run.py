@@ -57,9 +57,11 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
     assert events.first(logs / "learner-0.log", "first_update", process="learner-0", update=1)
     assert not [e for e in events.read(logs / "learner-0.log") if e.name == "resumed"]  # a fresh run
     # Every process has a log with its own output, and the resolved job and plan are there.
-    for name in ("replay-0", "learner-0", "collector-0", "evaluator-0"):
+    # (A log is its process's alone: its lines do not repeat the process's name, `rlctl logs` prefixes it.)
+    own_words = {"replay-0": "capacity", "learner-0": "stopped after", "collector-0": "x CartPole-v1", "evaluator-0": "greedy"}
+    for name, words in own_words.items():
         text = (run_dir / "logs" / f"{name}.log").read_text()
-        assert name.split("-")[0] in text, name
+        assert words in text and f"{name}:" not in text, name
     # Weights reached the collector through the learner's shared-memory board, which is gone with the run.
     learner = next(p for p in json.loads((run_dir / "plan.json").read_text())["processes"] if p["name"] == "learner-0")
     board = learner["env"]["RLCTL_WEIGHT_BOARD"]
@@ -202,6 +204,49 @@ def test_bad_job_file_starts_nothing(tmp_path):
     res = run_cli(["run", str(job), "--runs-dir", str(runs)], expected_exit=2)
     assert "Traceback" not in res.stderr and str(job) in res.stderr
     assert not runs.exists() or not any(runs.iterdir())
+
+
+BROKEN_ENVS = """
+import gymnasium as gym
+
+
+class Broken(gym.Env):
+    def __init__(self, **kwargs):
+        raise RuntimeError("the simulator licence is missing")
+"""
+START_FAILURES = {
+    "constructor-raises": ("brokenenvs:Broken",
+                           "making the env failed (RuntimeError: the simulator licence is missing)"),
+    "unimportable": ("mypkg.envs:MyEnv", "cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
+                                         "'mypkg')"),
+}
+
+
+@pytest.mark.parametrize("case", list(START_FAILURES))
+def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path, case):
+    """An error every start would repeat fails the run once, without restarts, the cause in the first line of its
+    message, printed once (the traceback stays in the process's log)."""
+    env_id, why = START_FAILURES[case]
+    (tmp_path / "brokenenvs.py").write_text(BROKEN_ENVS)
+    job = small_job(tmp_path, name="broken", stop="wall_s = 120", max_restarts=3)
+    job.write_text(job.read_text().replace('id = "CartPole-v1"', f'id = "{env_id}"'))
+    runs = tmp_path / "runs"
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    res = run_cli(["run", str(job), "--runs-dir", str(runs)], expected_exit=1, env={"PYTHONPATH": path}, timeout=120)
+    state = read_state(only_run(runs))
+    cause = f"env.id '{env_id}': {why}"
+    assert state["status"] == "failed" and state["ended_at"] - state["started_at"] < 10, state
+    process, _, said = state["exit_reason"].partition(" cannot start: ")
+    assert said == cause and state["failure"]["process"] == process and state["failure"]["cause"] == cause, state
+    assert [p["restarts"] for p in state["processes"]] == [0] * len(state["processes"]), state["processes"]
+    out = res.stdout + res.stderr
+    assert f"run {only_run(runs).name} failed: {process} cannot start: {cause}\n" in res.stdout, out
+    assert out.count(why) == 1 and "Traceback" not in out, out
+    shown = run_cli(["status", only_run(runs).name, "--runs-dir", str(runs)], env={"COLUMNS": "400"}).stdout
+    assert f"exit: {process} cannot start: {cause}" in shown and "Traceback" not in shown, shown
+    log = (only_run(runs) / "logs" / f"{process}.log").read_text()
+    assert "Traceback" in log and events.first(only_run(runs) / "logs" / f"{process}.log", "exit",
+                                                 reason=events.EXIT_STARTUP_FAILED, detail=cause)
 
 
 @pytest.mark.slow  # end to end with real processes: the slow tier

@@ -320,6 +320,55 @@ def test_cli_validate_mixed_files(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+ENTRY_POINTS_MODULE = """
+import gymnasium as gym
+
+NOT_CALLABLE = 3
+
+
+class Env(gym.Env):
+    pass
+
+
+class Wrap(gym.Wrapper):
+    pass
+"""
+
+
+def test_cli_validate_loads_the_entry_points_a_job_names(tmp_path):
+    # The schema checks an entry point's form only; `validate` imports it, as the env's processes would.
+    (tmp_path / "myenvs.py").write_text(ENTRY_POINTS_MODULE)
+    unimportable = write(tmp_path, MINIMAL.replace("CartPole-v1", "mypkg.envs:MyEnv"), "unimportable.toml")
+    wrappers = write(tmp_path, MINIMAL.replace('id = "CartPole-v1"', 'id = "CartPole-v1"\nwrappers = ["myenvs:Nope", '
+                                              '"myenvs:NOT_CALLABLE", { name = "nomodule:W" }]'), "wrappers.toml")
+    good = write(tmp_path, MINIMAL.replace("CartPole-v1", "myenvs:Env").replace("[algorithm]", 'wrappers = '
+                                          '["myenvs:Wrap", "rlctl.envs:MaskVelocity"]\n[algorithm]'), "good.toml")
+    proc = rlctl("validate", str(unimportable), str(wrappers), str(good), cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert f"{good}: OK (apex, myenvs:Env)" in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert lines[:2] == [f"{unimportable}: invalid job file", "  env.id: 'mypkg.envs:MyEnv': cannot import module "
+                         "'mypkg.envs' (ModuleNotFoundError: No module named 'mypkg')"], proc.stderr
+    assert lines[2:] == [f"{wrappers}: invalid job file",
+                         "  env.wrappers[0]: 'myenvs:Nope': module 'myenvs' has no attribute 'Nope'",
+                         "  env.wrappers[1]: 'myenvs:NOT_CALLABLE': 'NOT_CALLABLE' is a int, not a class or function",
+                         "  env.wrappers[2]: 'nomodule:W': cannot import module 'nomodule' (ModuleNotFoundError: No "
+                         "module named 'nomodule')"], proc.stderr
+
+
+def test_cli_validate_reads_the_job_from_stdin(tmp_path):
+    def validate(text: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlctl", "validate", "-"], input=text, capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+
+    good = validate(MINIMAL)
+    assert good.returncode == 0 and good.stdout == "<stdin>: OK (apex, CartPole-v1)\n", (good.stdout, good.stderr)
+    bad = validate(MINIMAL + "[replay]\nalpha = 2\n")
+    assert bad.returncode == 2 and bad.stderr.startswith("<stdin>: invalid job file\n  replay.alpha: "), bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "-").exists()
+
+
 @pytest.mark.parametrize("command", ["run", "plan"])
 def test_cli_refuses_unrunnable_job_before_starting_anything(tmp_path, command):
     # On-policy [[hosts]] with replay shards used to end `rlctl run`/`plan` in a StopIteration traceback.

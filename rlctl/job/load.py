@@ -116,17 +116,36 @@ def validate_job(data: dict, path: str | Path = "<job>") -> JobSpec:
         raise JobFileError(path, problems) from None
 
 
+STDIN = "-"  # the job file name that reads the job from standard input
+
+
+def source_name(path: str | Path) -> str:
+    """How messages name a job file: its path, or <stdin> for `-`."""
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
 def load_job(path: str | Path) -> JobSpec:
-    """Read and validate one job file."""
+    """Read and validate one job file (`-`: standard input)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = sys.stdin.read() if str(path) == STDIN else p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobFileError(p, [("", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise JobFileError(p, [("", f"cannot read: {exc}")]) from None
+        raise JobFileError(source_name(p), [("", f"cannot read: {exc}")]) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise JobFileError(p, [("", f"not valid TOML: {exc}")]) from None
-    return validate_job(data, p)
+        raise JobFileError(source_name(p), [("", f"not valid TOML: {exc}")]) from None
+    return validate_job(data, source_name(p))
+
+
+def check_entry_points(spec: JobSpec, path: str | Path) -> JobSpec:
+    """The job, once every entry point it names (env.id, env.wrappers) loads on this machine; else JobFileError
+    naming each key path and why. Imports the user's code: never for a job from a checkpoint file."""
+    from rlctl.job.entry_points import entry_point_problems
+
+    problems = entry_point_problems(spec.env)
+    if problems:
+        raise JobFileError(source_name(path), problems)
+    return spec

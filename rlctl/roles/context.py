@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 import zmq
@@ -263,8 +264,34 @@ def role_main(run) -> None:
 
         print(f"pinned to CPU cores {core_ranges(cores)} (pid {os.getpid()})", flush=True)
     watch_supervisor(lambda: setattr(stop, "requested", True))
-    run(RoleContext.from_env(), stop)
+    try:
+        run(RoleContext.from_env(), stop)
+    except Exception as exc:
+        if not recurs(exc):
+            raise
+        startup_failed(exc)
     sys.stdout.flush()
     sys.stderr.flush()
     if multiprocessing.parent_process() is None:
         os._exit(0)
+
+
+def recurs(exc: BaseException) -> bool:
+    """Whether an error would recur on every start of the process: its env cannot be made, or code cannot be
+    imported. Restarting such a process only repeats it."""
+    from rlctl.envs import EnvStartError
+
+    return isinstance(exc, (ImportError, EnvStartError))
+
+
+def startup_failed(exc: BaseException) -> None:
+    """Stop for good on an error that recurs: its traceback into the log, then the `exit` event with the cause on
+    one line (the supervisor fails the run on it, naming the cause, and restarts nothing), then exit."""
+    from rlctl.envs import EnvStartError
+    from rlctl.job.entry_points import one_line
+
+    traceback.print_exception(exc)
+    cause = str(exc) if isinstance(exc, EnvStartError) else one_line(exc)
+    sys.stderr.flush()
+    events.emit("exit", reason=events.EXIT_STARTUP_FAILED, detail=" ".join(cause.split())[:2000])
+    os._exit(events.STARTUP_FAILED_CODE)

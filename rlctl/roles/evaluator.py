@@ -5,7 +5,10 @@ Started as `python -m rlctl.roles.evaluator`.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -23,23 +26,23 @@ from rlctl.job.spec import EnvSpec
 
 
 def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, seed: int,
-                    recurrent: bool = False, tick=None, video_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Run `episodes` episodes at once (one sub-env each), greedy actions; returns (returns, lengths).
+                    recurrent: bool = False, tick=None, video_dir: str | None = None, stochastic: bool = False,
+                    progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """Run `episodes` episodes at once (one sub-env each), greedy actions (`stochastic`: sampled from a policy
+    network); returns (returns, lengths).
 
     A recurrent policy carries its state from step to step (each sub-env plays one episode, so it never resets).
-    `tick()` is called every step (the evaluator's heartbeats go on through long episodes). With `video_dir`, each
-    episode is rendered (rgb_array) into `episode-<i>-episode-0.mp4` there by gymnasium's RecordVideo.
+    `tick()` is called every step (the evaluator's heartbeats go on through long episodes), and `progress(episodes
+    done, env steps)` too. With `video_dir`, each episode is rendered (rgb_array) into `episode-<i>.mp4` there.
     """
     outer, render_mode = None, None
     if video_dir is not None:
-        numbers = iter(range(episodes))
-
-        def record(env: gym.Env) -> gym.Env:
-            # Only the sub-env's first episode: it plays on after its end while the others finish.
-            return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda e: e == 0,
-                                           name_prefix=f"episode-{next(numbers)}", disable_logger=True)
-        outer, render_mode = [record], "rgb_array"
-    env = make_vec_env(env_spec, num_envs=episodes, outer_wrappers=outer, render_mode=render_mode)
+        outer, render_mode = [_recorder(video_dir, episodes)], "rgb_array"
+        quiet_offscreen_rendering()
+    with warnings.catch_warnings():
+        # Every recorder after the first finds the folder made and warns of overwriting; the files are its own.
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        env = make_vec_env(env_spec, num_envs=episodes, outer_wrappers=outer, render_mode=render_mode)
     space = env.single_action_space
     bounds = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     obs, _ = env.reset(seed=seed)
@@ -52,9 +55,9 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
             x = torch.from_numpy(np.asarray(obs))
             if recurrent:
                 actions, state = model.greedy(x, state)
-                actions = actions.numpy()
             else:
-                actions = model.greedy(x).numpy()
+                actions = model.act(x)[0] if stochastic else model.greedy(x)
+            actions = actions.numpy()
             if bounds is not None:
                 actions = np.clip(actions, *bounds)
             obs, rewards, terminated, truncated, _ = env.step(actions)
@@ -63,8 +66,35 @@ def greedy_episodes(model: torch.nn.Module, env_spec: EnvSpec, episodes: int, se
             returns += rewards * running
             lengths += running
             running &= ~(terminated | truncated)
+            if progress is not None:
+                progress(int(episodes - running.sum()), int(lengths.sum()))
     env.close()
+    if video_dir is not None:
+        for i in range(episodes):  # RecordVideo names them <prefix>-episode-<its episode number, 0>
+            recorded = Path(video_dir) / f"episode-{i}-episode-0.mp4"
+            if recorded.is_file():
+                os.replace(recorded, Path(video_dir) / f"episode-{i}.mp4")
     return returns, lengths
+
+
+def _recorder(video_dir: str, episodes: int):
+    """An outer wrapper that records sub-env i's first episode, as `episode-<i>-episode-0.mp4` (gymnasium's
+    RecordVideo names files itself; greedy_episodes renames them)."""
+    numbers = iter(range(episodes))
+
+    def record(env: gym.Env) -> gym.Env:
+        # Only the sub-env's first episode: it plays on after its end while the others finish.
+        return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda e: e == 0,
+                                       name_prefix=f"episode-{next(numbers)}", disable_logger=True)
+    return record
+
+
+def quiet_offscreen_rendering() -> None:
+    """Frames for videos are drawn off screen (pygame's SDL for the classic-control envs): no sound and no display
+    are needed, and without these SDL probes for them and prints "XDG_RUNTIME_DIR is invalid" and ALSA's complaints
+    to stderr. A user's own choice of driver stays."""
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
 def save_best(rc: RoleContext, model: torch.nn.Module, info: SpaceInfo, version: int, eval_return: float) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rlctl import events
 from rlctl.net.control import ControlMessage
 from rlctl.launch.forkserver import ForkedProcess, ForkServer
 from rlctl.launch.hosts import ATTEMPT
@@ -48,6 +49,7 @@ class LogPump(threading.Thread):
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.spoke = threading.Event()  # the first line (or the end) arrived: an SSH session is past its login
         self.error: OSError | None = None  # why the log file could not be written (the run fails on it)
+        self.startup_failure: str | None = None  # the cause, once the process said it cannot start (rlctl.events)
 
     def run(self) -> None:
         out = None
@@ -59,6 +61,8 @@ class LogPump(threading.Thread):
             self.spoke.set()
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.tail.append(line)
+            if events.PREFIX in line:
+                self._note_event(line)
             if out is None:
                 continue  # the log is lost (self.error says why), but the child must never block on a full pipe
             try:
@@ -68,6 +72,11 @@ class LogPump(threading.Thread):
                 self.error = exc
                 out = None
         self.spoke.set()
+
+    def _note_event(self, line: str) -> None:
+        event = events.parse(line)
+        if event is not None and event.name == "exit" and event["reason"] == events.EXIT_STARTUP_FAILED:
+            self.startup_failure = event["detail"]
 
 
 @dataclass
@@ -207,22 +216,38 @@ class ProcessTable:
                 h.killed_ranks.clear()
 
     def reap(self) -> RunEnd | None:
-        """Notice the processes that ended: restart, lose or fail each. A RunEnd when the run must end."""
+        """Notice the processes that ended, or said they cannot start: restart, lose or fail each. A RunEnd when the
+        run must end."""
         for h in self.handles:
             if h.popen is None or not h.life.alive:
                 continue
             code = h.popen.poll()
             if code is None:
+                if h.pump is not None and h.pump.startup_failure is not None:
+                    # Said so and still running: a learner's torchrun agent, which would start its ranks again.
+                    return self._cannot_start(h, h.pump.startup_failure)
                 continue
             h.exit_code = h.last_exit = code
             if h.spec.remote and code == SSH_FAILED:
                 h.lost_sessions += 1
             if h.pump:
                 h.pump.join(timeout=2)
-            end = self._ended(h, code)
+            cause = h.pump.startup_failure if h.pump is not None else None
+            end = self._cannot_start(h, cause) if cause is not None else self._ended(h, code)
             if end is not None:
                 return end
         return None
+
+    def _cannot_start(self, h: ProcessHandle, cause: str) -> RunEnd:
+        """`h` cannot start, and would not on any restart: the run fails at once, naming the cause first."""
+        h.life.cannot_start(cause)
+        # It, and any other that said so too, is done: killed now (a learner's torchrun agent would start its ranks
+        # again), nothing to wait for at the shutdown.
+        for other in self.handles:
+            if other.pump is not None and other.pump.startup_failure is not None and other.popen is not None \
+                    and other.popen.poll() is None:
+                other.signal_group(signal.SIGKILL)
+        return RunEnd(RunStatus.FAILED, f"{h.spec.name} cannot start: {cause}", {**h.failure_record(), "cause": cause})
 
     def _ended(self, h: ProcessHandle, code: int) -> RunEnd | None:
         if self.slurm_job is not None and h.spec.remote:

@@ -20,6 +20,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from rlctl.events import STARTUP_FAILED_CODE
+
 MAX_BACKOFF_S = 30.0
 RANK_RESTART_GRACE_S = 60.0  # after hung ranks were killed: how long torchrun may take to start new ones
 SSH_FAILED = 255  # what ssh exits with when it cannot reach the host or loses the connection
@@ -119,6 +121,8 @@ class RestartPolicy:
 
     def why_not_restarted(self, critical: bool, code: int | None) -> str:
         """Why an ended process was not restarted, for the run's exit reason."""
+        if code == STARTUP_FAILED_CODE:
+            return "it cannot start, and would not on a restart either"
         if critical and not agent_killed(code):
             return "torchrun gave up restarting its ranks"
         return f"exceeded {self.max_restarts} restarts within {self.window_s:g}s"
@@ -188,11 +192,13 @@ class Lifecycle:
 
     def ended(self, code: int | None, critical: bool, now: float) -> bool:
         """It exited with `code`: True when a restart is scheduled after the backoff; False when it may not be
-        restarted (used up its restarts within the window, or learner ranks that torchrun gave up on): the caller
-        then loses or fails it. A restart after a kill for silence keeps the note that says so."""
+        restarted (used up its restarts within the window, learner ranks that torchrun gave up on, or a process that
+        said it cannot start: STARTUP_FAILED_CODE): the caller then loses or fails it. A restart after a kill for
+        silence keeps the note that says so."""
         while self.restart_times and now - self.restart_times[0] > self.policy.window_s:
             self.restart_times.popleft()
-        if (critical and not agent_killed(code)) or len(self.restart_times) >= self.policy.max_restarts:
+        if code == STARTUP_FAILED_CODE or (critical and not agent_killed(code)) \
+                or len(self.restart_times) >= self.policy.max_restarts:
             return False
         delay = min(self.policy.backoff_s * 2 ** len(self.restart_times), self.policy.max_backoff_s)
         if not (self.state is ProcState.HUNG and code in KILLED_CODES):
@@ -227,6 +233,12 @@ class Lifecycle:
         """Started again."""
         self.start_at = None
         self.fire(Event.START)
+
+    def cannot_start(self, cause: str) -> None:
+        """It said it cannot start (its env cannot be made, code it needs cannot be imported): an error that every
+        restart would repeat, so none is made and the run fails."""
+        self.note = f"cannot start: {cause}"
+        self.fire(Event.GAVE_UP)
 
     def give_up(self) -> None:
         """Not restarted: the run fails."""

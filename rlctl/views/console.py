@@ -546,6 +546,9 @@ def _failure_text(state: dict) -> "Text | None":
     failure = state.get("failure")
     if not isinstance(failure, dict):
         return None
+    if "cause" in failure:  # a start-up failure: its cause is the exit line, its traceback in its log, not shown again
+        return Text(f"{failure.get('process', '?')} cannot start; its traceback: logs/{failure.get('process')}.log\n",
+                    style="bold red")
     said = f"{failure.get('process', '?')} exited with code {failure.get('exit_code', '?')}"
     # The exit line above already says which process ended how: the block adds only what it does not.
     told = str(state.get("exit_reason") or "").startswith(said) or "exit_code" not in failure  # (a supervisor fault)

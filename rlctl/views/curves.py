@@ -112,8 +112,23 @@ def terminal_plot(curves: list[Curve], metric: str, x: str, width: int = 80, hei
     return out
 
 
+class PngError(ValueError):
+    """The PNG could not be written (the message says where and why)."""
+
+
+def png_out_problem(out: Path) -> str | None:
+    """Why no PNG can be written at `out` (checked before any run is read), or None."""
+    out = Path(out)
+    if out.is_dir():
+        return f"--out {out}: a folder; give a file name (e.g. {out / 'curves.png'})"
+    if not out.parent.is_dir():
+        return f"--out {out}: there is no folder {out.parent}"
+    return None
+
+
 def png_plot(curves: list[Curve], metric: str, x: str, out: Path) -> Path:
-    """The curves into a PNG (matplotlib, no display needed), one line per curve (its band shaded) with a legend."""
+    """The curves into a PNG (matplotlib, no display needed), one line per curve (its band shaded) with a legend;
+    PngError when the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,6 +149,8 @@ def png_plot(curves: list[Curve], metric: str, x: str, out: Path) -> Path:
         ax.legend(loc="best", fontsize="small")
         fig.tight_layout()
         fig.savefig(out)
+    except OSError as exc:
+        raise PngError(f"--out {out}: cannot write it ({exc.strerror or exc})") from None
     finally:
         plt.close(fig)
     return Path(out)
