@@ -195,7 +195,13 @@ def run(job_file: Optional[Path] = typer.Argument(
         print(f"  rlctl watch {rundir.run_id}\n  rlctl logs --follow {rundir.run_id}\n  rlctl stop {rundir.run_id}",
               file=sys.stderr)
         return
-    raise typer.Exit(_run_attached(rundir))
+    try:
+        code = _run_attached(rundir)
+    except KeyboardInterrupt:  # Ctrl-C before the supervisor took it over: nothing had been started
+        launch.abandon_unstarted(rundir, "stopped by SIGINT before anything started")
+        print(f"rlctl: interrupted; {rundir.run_id} stopped before anything started", file=sys.stderr)
+        raise typer.Exit(130)
+    raise typer.Exit(code)
 
 
 @contextlib.contextmanager
@@ -430,24 +436,40 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
          x: str = typer.Option("env_steps", "--x", help="x axis: env_steps or wall_s."),
          out: Optional[Path] = typer.Option(None, "--out", help="Write a PNG here (matplotlib) instead of drawing in "
                                             "the terminal."),
+         smooth: int = typer.Option(1, "--smooth", min=1, help="Trailing moving average over this many points "
+                                    "(each point the mean of itself and the W-1 before it)."),
+         group: bool = typer.Option(False, "--group", help="One curve per job: the mean of its runs with a band."),
+         band: str = typer.Option("minmax", "--band", help="With --group: minmax (min-max over the runs) or std "
+                                  "(mean ± std)."),
+         csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write the points (run, x, value; with --group "
+                                                 "also low, high) to this CSV file (- for stdout) instead of "
+                                                 "drawing in the terminal."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out."""
+    """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out, or CSV with --csv."""
     from rlctl.views.console import get_console
-    from rlctl.views.curves import X_AXES, CurveError, png_out_problem, png_plot, read_curve, terminal_plot
+    from rlctl.views.curve_data import BANDS, NoCurves, plot_curves
+    from rlctl.views.curves import X_AXES, PngError, png_out_problem, png_plot, terminal_plot
 
     if x not in X_AXES:
         raise _bad_input(f"--x must be one of {', '.join(X_AXES)}, not {x!r}")
+    if band not in BANDS:
+        raise _bad_input(f"--band must be one of {', '.join(BANDS)}, not {band!r}")
     problem = png_out_problem(out) if out is not None else None
     if problem:
         raise _bad_input(problem)
     dirs = [_resolve(runs_dir, r) for r in (runs or [None])]
     try:
-        curves = [read_curve(rd.path, metric, x) for rd in dirs]
-    except CurveError as exc:
+        curves, skipped = plot_curves(dirs, metric, x, smooth, band if group else None)
+    except NoCurves as exc:
         raise _bad_input(str(exc)) from None
+    for line in skipped:
+        print(f"rlctl plot: warning: {line}", file=sys.stderr)
+    if csv_file is not None:
+        _write_csv(curves, csv_file)
     if out is None:
-        con = get_console()
-        con.print(terminal_plot(curves, metric, x, width=min(con.width, 160)))
+        if csv_file is None:
+            con = get_console()
+            con.print(terminal_plot(curves, metric, x, width=min(con.width, 160)))
         return
     import importlib.util
 
@@ -455,8 +477,23 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
         raise _bad_input("--out needs matplotlib: pip install -e '.[plot]'")
     try:
         print(png_plot(curves, metric, x, out))
-    except CurveError as exc:
+    except PngError as exc:
         raise _bad_input(str(exc)) from None
+
+
+def _write_csv(curves, path: Path) -> None:
+    """`rlctl plot --csv`: the points into a file (its path printed) or to stdout for `-`."""
+    from rlctl.views.curve_data import write_csv
+
+    if str(path) == "-":
+        write_csv(curves, sys.stdout)
+        return
+    try:
+        with open(path, "w", newline="") as f:
+            write_csv(curves, f)
+    except OSError as exc:
+        raise _bad_input(f"rlctl plot: cannot write --csv {path}: {exc.strerror}") from None
+    print(path)
 
 
 @app.command("eval")

@@ -222,7 +222,7 @@ class TensorBoardWriter:
                 start.hparams[k].CopyFrom(struct_pb2.Value(bool_value=v))
             elif isinstance(v, str):
                 start.hparams[k].CopyFrom(struct_pb2.Value(string_value=v))
-            else:
+            else:  # the hparams protos hold every number as a double (no integer type); the text table keeps ints
                 start.hparams[k].CopyFrom(struct_pb2.Value(number_value=float(v)))
         for tag, data in (("_hparams_/experiment", plugin_data_pb2.HParamsPluginData(experiment=experiment)),
                           ("_hparams_/session_start_info", plugin_data_pb2.HParamsPluginData(session_start_info=start))):

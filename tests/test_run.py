@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import group_alive, only_run, pid_alive, read_state, run_cli, small_job, wait_for
+from conftest import group_alive, marked_processes, only_run, pid_alive, read_state, run_cli, small_job, wait_for
 from rlctl import events
 
 
@@ -398,3 +398,32 @@ def test_a_resumed_run_keeps_its_start_and_counts_every_segment_in_elapsed_and_t
     # Finished, and no new target: refused, saying how to give one.
     refused = run_cli(["run", "--resume", run_id], env=env, expected_exit=2)
     assert f"rlctl run --resume {run_id} --until" in refused.stderr
+
+
+def test_a_second_ctrl_c_during_start_up_forces_the_stop_and_leaves_no_process(tmp_path):
+    # A terminal's Ctrl-C goes to the whole foreground process group: the attached `rlctl run` is given a group of
+    # its own and both SIGINTs go to that group, once the run is starting (its processes on their way).
+    mark = f"ctrlc-{os.getpid()}-{time.monotonic_ns()}"
+    job = small_job(tmp_path, name="ctrlc", stop="wall_s = 120")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "RLCTL_TEST_MARK": mark})
+    try:
+        wait_for(lambda: runs.exists() and any(runs.iterdir()) and read_state(only_run(runs)).get("status")
+                 == "starting", 60, interval=0.01, what="the run starting")
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.02)  # two quick presses, not one
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert took < 15, took
+    assert "Traceback" not in out, out
+    wait_for(lambda: not marked_processes(mark), 5, interval=0.05, what="every process of the run to stop")
+    state = read_state(only_run(runs))
+    assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGINT", (state, out)

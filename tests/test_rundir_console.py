@@ -713,3 +713,19 @@ def test_the_supervisor_keeps_a_progress_history_that_the_rates_and_etas_read(tm
     assert first[STEPS] == 1000 and first[EVAL] is None and second[1:] == [3000, 20.0, 50.0]
     assert second[0] >= first[0]
     assert window_rate([[0.0, *first[1:]], [2.0, *second[1:]]]) == 1000.0  # the steps between two points per second
+
+
+def test_columns_sets_the_width_of_piped_tables(tmp_path):
+    for i in range(3):
+        make_run(tmp_path, f"a-rather-long-job-name-{i}", status="finished", started_at=T0, ended_at=T0 + 20.5,
+                 supervisor_pid=dead_pid(), metrics={"charts/env_steps": 133_800, "charts/episode_return_mean": 480.25},
+                 hosts=["localhost", "gpu-box-number-two"])
+    widths = {}
+    for columns in ("100", ""):
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        out = subprocess.run([sys.executable, "-m", "rlctl", "status", "--runs-dir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+                             env={**env, **({"COLUMNS": columns} if columns else {})})
+        assert out.returncode == 0, out.stderr
+        widths[columns] = max(map(len, out.stdout.splitlines()))
+    assert 80 < widths["100"] <= 100 < widths[""], widths  # without COLUMNS a pipe gets whole values

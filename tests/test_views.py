@@ -120,63 +120,6 @@ def test_learner_bound_verdict(tmp_path):
         run_cli(["stop", run_dir.name, "--runs-dir", str(runs)], timeout=90)
 
 
-def _curve_runs(tmp_path):
-    """Two run directories whose TensorBoard files (written by the supervisor's own writer) hold a rising and a
-    flat return curve."""
-    from rlctl.metrics import TensorBoardWriter
-    from rlctl.rundir import RunDir
-
-    runs = tmp_path / "runs"
-    made = []
-    for i, shape in enumerate((lambda k: 10.0 + 20 * k, lambda k: 50.0)):
-        rd = RunDir.create(runs, f"curve-{i}")
-        rd.write_state({"run_id": rd.run_id, "job": f"curve-{i}", "algorithm": "ppo", "status": "finished",
-                        "started_at": 1000.0, "ended_at": 1030.0})
-        tb = TensorBoardWriter(str(rd.tb_dir))
-        for k in range(25):
-            tb.scalars({"charts/episode_return_mean": shape(k), "charts/env_steps": 1000 * k}, step=1000 * k,
-                       wall=1000.0 + k)
-        tb.close()
-        made.append(rd)
-        time.sleep(1.05)  # run ids carry the second
-    return runs, made
-
-
-@needs_extra("plot", "matplotlib")
-def test_plot_draws_runs_in_the_terminal_and_into_a_png(tmp_path):
-    import matplotlib.image as mpimg
-    import numpy as np
-
-    runs, (a, b) = _curve_runs(tmp_path)
-    out = run_cli(["plot", a.run_id, b.run_id, "--runs-dir", str(runs)], env={"COLUMNS": "80"})
-    lines = out.stdout.splitlines()
-    assert lines[0] == "charts/episode_return_mean against env steps"
-    assert max(map(len, lines)) <= 160 and any(line.startswith("  ● " + a.run_id) for line in lines), out.stdout
-    assert any(line.startswith("  ▲ " + b.run_id) for line in lines)
-    grid = [line for line in lines if "│" in line]
-    assert len(grid) == 16 and sum(line.count("●") for line in grid) >= 20 and sum(line.count("▲") for line in grid) >= 20
-    # The rising run's last point is at the top right, the flat run on one row.
-    assert grid[0].rstrip().endswith("●") and grid[0].lstrip().startswith("490")
-    assert len({i for i, line in enumerate(grid) if "▲" in line}) == 1
-    wall = run_cli(["plot", a.run_id, "--x", "wall_s", "--runs-dir", str(runs)], env={"COLUMNS": "80"}).stdout
-    assert "against wall time (s)" in wall and " 24\n" in wall  # 24 s from the first point to the last
-
-    png = tmp_path / "curves.png"
-    run_cli(["plot", a.run_id, b.run_id, "--out", str(png), "--runs-dir", str(runs)])
-    image = mpimg.imread(png)[..., :3]
-    assert image.shape[:2] == (450, 800)
-    coloured = (image.max(axis=2) - image.min(axis=2)) > 0.3  # lines and legend marks, not grey axes or text
-    assert coloured.sum() > 1500
-    blue, orange = np.array([0.12, 0.47, 0.71]), np.array([1.0, 0.5, 0.05])  # matplotlib's first two colours
-    for colour in (blue, orange):
-        assert (np.abs(image - colour).max(axis=2) < 0.08).sum() > 300, colour
-
-    bad = run_cli(["plot", a.run_id, "--metric", "charts/nothing", "--runs-dir", str(runs)], expected_exit=2)
-    assert "no scalar 'charts/nothing'" in bad.stderr and "charts/episode_return_mean" in bad.stderr
-    assert "--x must be one of" in run_cli(["plot", "--x", "updates", "--runs-dir", str(runs)],
-                                           expected_exit=2).stderr
-
-
 def test_compare_shows_only_the_keys_that_differ_and_time_to_target(tmp_path):
     from rlctl.rundir import RunDir
     from rlctl.job.load import validate_job

@@ -165,6 +165,14 @@ def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | 
                         **({"slurm_job_id": slurm_job} if slurm_job else {})})
 
 
+def abandon_unstarted(rundir: RunDir, reason: str) -> None:
+    """A run interrupted before its supervisor started anything: its state "created" becomes "stopped" (with
+    `reason`), so that it does not look as if it were about to start; a run past "created" is left as it is."""
+    state = rundir.read_state()
+    if state and state.get("status") == RunStatus.CREATED:
+        rundir.write_state({**state, "status": RunStatus.STOPPED, "exit_reason": reason, "ended_at": time.time()})
+
+
 def start_detached(rundir: RunDir) -> int:
     """Supervise a prepared run in a background process of its own (its output: supervisor.out); its pid."""
     with open(rundir.path / "supervisor.out", "ab") as out:

@@ -191,7 +191,9 @@ class Supervisor:
         SIGKILL after the grace."""
         learners, shards = self.table.of_role(Role.LEARNER), self.table.of_role(self.spec.data_path.shard_role)
         others = [h for h in self.table.handles if h not in learners and h not in shards]
-        self.signals_at_shutdown = self.stop_signals
+        # The signal that asked for this stop is the only one that does not force it: a second Ctrl-C forces it
+        # whenever it came, during start-up too (before this line) as once running.
+        self.signals_at_shutdown = min(self.stop_signals, 1)
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
         # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
         told = self.router.stop_learners()

@@ -12,6 +12,7 @@ from rlctl import metric_names as M
 from rlctl.net.control import ControlMessage
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table, last_step
 from rlctl.rundir import RunDir
+from rlctl.job.applicable import applicable_settings
 from rlctl.job.resolved import resolved_dict
 from rlctl.job.spec import JobSpec
 from rlctl.role_names import Role
@@ -73,7 +74,7 @@ class MetricsSink:
     def open_tensorboard(self, started_at: float) -> TensorBoardWriter:
         """This segment's event file, with the job's hyperparameters."""
         self.tb = TensorBoardWriter(str(self.rundir.tb_dir), after_step=self.tb_floor)
-        hparams = flatten(resolved_dict(self.spec))
+        hparams = applicable_settings(self.spec)  # the sections the job uses (rlctl.job.applicable)
         self.tb.text("hyperparameters", hyperparameter_table(hparams))
         self.tb.hparams_start(hparams, HPARAM_METRICS, started_at)
         return self.tb

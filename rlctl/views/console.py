@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import zlib
@@ -56,8 +57,11 @@ def get_console(stderr: bool = False) -> "Console":
         # No auto-highlighting: output is styled explicitly, numbers in log text stay as written.
         con = Console(stderr=stderr, highlight=False)
         if not con.is_terminal:
-            # Pipes and files (scripts, tests, `| grep`) get whole values, never "…"-truncated cells.
-            con = Console(stderr=stderr, highlight=False, width=max(con.width, 240))
+            # Pipes and files (scripts, tests, `| grep`) get whole values, never "…"-truncated cells, unless
+            # COLUMNS says how wide (`COLUMNS=120 rlctl logs RUN | less`).
+            columns = os.environ.get("COLUMNS", "")
+            width = int(columns) if columns.isdigit() and int(columns) > 0 else max(con.width, 240)
+            con = Console(stderr=stderr, highlight=False, width=width)
         _consoles[stderr] = con
     return _consoles[stderr]
 
