@@ -337,6 +337,12 @@ def _lines_of(stream, into: list) -> threading.Thread:
     return thread
 
 
+def _as_in_a_terminal() -> None:
+    """SIGINT at its default, as for a command a shell runs in the foreground: a test run started in the background
+    of a non-interactive shell inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # a detached run watched, left and stopped: 13 s here
 def test_watch_shows_a_detached_run_leaves_on_ctrl_c_with_the_run_going_and_ends_with_the_run(tmp_path):
     job = small_job(tmp_path, name="watched", stop="wall_s = 300")
@@ -346,7 +352,8 @@ def test_watch_shows_a_detached_run_leaves_on_ctrl_c_with_the_run_going_and_ends
     run_dir = runs / run_id
     try:
         watcher = subprocess.Popen([sys.executable, "-m", "rlctl", "watch", run_id, "--interval", "0.2"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+                                   preexec_fn=_as_in_a_terminal)
         lines: list[str] = []
         _lines_of(watcher.stdout, lines)
         # The progress the supervisor writes, as the watch shows it: env steps counted up while it runs.
