@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from rlctl import metric_names as M
 from rlctl.rundir import OVER_STATES, RunBusy, RunDir, remove_weight_board, status_of
-from rlctl.run_reading import job_of_run_id, live_processes
+from rlctl.run_reading import job_of_run_id, live_processes, real_number
 from rlctl.run_status import RunStatus
 
 NEVER_STARTED_AFTER_S = 60.0  # a run still `created` this long after it was written never got a supervisor
@@ -35,10 +35,6 @@ def parse_age(text: str) -> float:
     if match is None:
         raise ValueError(f"{text!r} is not an age: a number and a unit, e.g. 7d, 12h, 30m, 45s, 2w")
     return float(match[1]) * _UNIT_S[match[2]]
-
-
-def _num(x: object) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 def refusal(rundir: RunDir, state: dict | None, now: float | None = None) -> str | None:
@@ -81,8 +77,8 @@ def remove_run(rundir: RunDir) -> None:
 def final_return(state: dict) -> float | None:
     """How well a run ended: its last evaluation's mean return, else its mean training return."""
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
-    value = _num(metrics.get(M.EVAL_RETURN_MEAN))
-    return value if value is not None else _num(metrics.get(M.EPISODE_RETURN_MEAN))
+    value = real_number(metrics.get(M.EVAL_RETURN_MEAN))
+    return value if value is not None else real_number(metrics.get(M.EPISODE_RETURN_MEAN))
 
 
 @dataclass(frozen=True)
@@ -102,7 +98,7 @@ class Candidate:
 def _last_active(rundir: RunDir, state: dict) -> float:
     """When the run was last doing anything: its end, its last state write, its start, or the folder's mtime."""
     for key in ("ended_at", "updated_at", "started_at"):
-        value = _num(state.get(key))
+        value = real_number(state.get(key))
         if value is not None:
             return value
     try:

@@ -17,7 +17,8 @@ from rlctl.run_status import RunStatus
 SETTLED_PROCESS_STATES = frozenset({RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST})
 
 
-def _num(x: object) -> float | None:
+def real_number(x: object) -> float | None:
+    """x as a float if it is a real number (not bool, None or a string), else None: state.json is read as hostile."""
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
@@ -36,13 +37,13 @@ def segments(state: dict) -> list[dict]:
     supervisor died); a state.json without a list gives its own times as one segment."""
     listed = state.get("segments") if isinstance(state, dict) else None
     if isinstance(listed, list):
-        out = [{"started_at": _num(s.get("started_at")), "ended_at": _num(s.get("ended_at"))}
+        out = [{"started_at": real_number(s.get("started_at")), "ended_at": real_number(s.get("ended_at"))}
                for s in listed if isinstance(s, dict)]
         out = [s for s in out if s["started_at"] is not None]
         if out:
             return out
-    start = _num(state.get("started_at")) if isinstance(state, dict) else None
-    return [] if start is None else [{"started_at": start, "ended_at": _num(state.get("ended_at"))}]
+    start = real_number(state.get("started_at")) if isinstance(state, dict) else None
+    return [] if start is None else [{"started_at": start, "ended_at": real_number(state.get("ended_at"))}]
 
 
 def closed_segments(state: dict) -> list[dict]:
@@ -50,7 +51,7 @@ def closed_segments(state: dict) -> list[dict]:
     sign of life (updated_at) if it is the last, else where it started (nothing tells how long it ran)."""
     listed = segments(state)
     # Not the run's ended_at: `rlctl stop` of a lost run sets that when it ends the orphans, maybe days later.
-    last_word = _num(state.get("updated_at")) or _num(state.get("ended_at"))
+    last_word = real_number(state.get("updated_at")) or real_number(state.get("ended_at"))
     out = []
     for i, s in enumerate(listed):
         end = s["ended_at"]
@@ -81,7 +82,7 @@ def elapsed_s(state: dict, now: float | None = None) -> float | None:
             if i < len(listed) - 1:  # an earlier segment whose supervisor died: nothing tells how long it ran
                 end = s["started_at"]
             else:
-                end = (_num(state.get("updated_at")) or s["started_at"]) if over else now
+                end = (real_number(state.get("updated_at")) or s["started_at"]) if over else now
         total += max(0.0, end - s["started_at"])
     return total
 

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 from rlctl import metric_names as M
 from rlctl.rundir import RunDir
-from rlctl.run_reading import as_read, job_of_run_id, segments
+from rlctl.run_reading import as_read, job_of_run_id, real_number, segments
 
 # The details `rlctl status RUN --json` adds to a run's summary, each as state.json has it (null where missing).
 DETAIL_KEYS = ("ended_at", "updated_at", "stopped_by", "failure", "stop", "metrics", "host_rows",
                "supervisor_pid", "supervisor_host", "slurm_job_id")
 PROCESS_KEYS = ("name", "role", "rank", "host", "pid", "state", "restarts", "rate", "rate_unit", "last_heartbeat",
                 "remote", "note")
-
-
-def _num(x: object) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 def run_summary(rundir: RunDir, state: dict | None = None, now: float | None = None) -> dict:
@@ -28,7 +24,7 @@ def run_summary(rundir: RunDir, state: dict | None = None, now: float | None = N
     seen = as_read(raw, now)
     metrics = seen.get("metrics") if isinstance(seen.get("metrics"), dict) else {}
     hosts = seen.get("hosts")
-    steps = _num(metrics.get(M.ENV_STEPS))
+    steps = real_number(metrics.get(M.ENV_STEPS))
     return {
         "run_id": rundir.run_id,
         "job": seen.get("job") or job_of_run_id(rundir.run_id),
@@ -38,8 +34,8 @@ def run_summary(rundir: RunDir, state: dict | None = None, now: float | None = N
         "started_at": seen["started_at"],
         "elapsed_s": seen["elapsed_s"],
         "env_steps": int(steps) if steps is not None else None,
-        "return_mean": _num(metrics.get(M.EPISODE_RETURN_MEAN)),
-        "eval_return_mean": _num(metrics.get(M.EVAL_RETURN_MEAN)),
+        "return_mean": real_number(metrics.get(M.EPISODE_RETURN_MEAN)),
+        "eval_return_mean": real_number(metrics.get(M.EVAL_RETURN_MEAN)),
         "hosts": [str(h) for h in hosts] if isinstance(hosts, list) else [],
         "run_dir": str(rundir.path),
     }
