@@ -71,6 +71,8 @@ INFERENCE_REQUESTS_PER_S = "inference/requests_per_s"
 INFERENCE_UNDELIVERABLE = "inference/undeliverable"  # answers to collectors that were gone (killed mid-request)
 INFERENCE_RESENT = "inference/resent"  # answers sent again to a collector that asked again
 INFERENCE_SESSIONS = "inference/sessions"  # collector sessions held (one per collector process seen)
+# Sessions begun since the server started: one per collector process (a restarted collector begins another).
+INFERENCE_SESSIONS_BEGUN = "inference/sessions_begun"
 INFERENCE_WEIGHT_VERSION = "inference/weight_version"
 
 # Evaluator.

@@ -94,7 +94,8 @@ class MetricsHub:
                 out[key] = max(vals) if key == M.COLLECTOR_TORCH_LOADED else sum(vals)
         servers = self._of("inference-")
         for key, combine in ((M.INFERENCE_REQUESTS_PER_S, sum), (M.INFERENCE_LATENCY_P50, max),
-                             (M.INFERENCE_LATENCY_P99, max), (M.INFERENCE_UNDELIVERABLE, sum)):
+                             (M.INFERENCE_LATENCY_P99, max), (M.INFERENCE_UNDELIVERABLE, sum),
+                             (M.INFERENCE_SESSIONS_BEGUN, sum)):
             vals = [float(m[key]) for m in servers if key in m]
             if vals:
                 out[key] = combine(vals)

@@ -133,12 +133,12 @@ def _rates(job: Job, name: str, seconds: float, act=None) -> float:
 
 def test_a_collector_cannot_speak_as_another(job):
     """Item 4: with collector-1's keys, step requests as collector-0 (each a new session) and experience as
-    collector-0 are dropped and counted, and collector-0's rate does not suffer."""
+    collector-0 are dropped and counted: no session is begun for them, and collector-0 keeps stepping."""
     inference = job.net.client(zmq.DEALER, job.plan["endpoints"]["inference"][0], sndhwm=100000)
     experience = job.net.client(zmq.PUSH, job.plan["endpoints"]["replay"][0]["experience"])
     item = {"obs": np.zeros((64, 4), np.float32), "action": np.zeros(64, np.int64)}
     before_rate = _rates(job, "collector-0", 4.0)
-    before = job.dropped()
+    before, begun = job.dropped(), job.state()["metrics"][M.INFERENCE_SESSIONS_BEGUN]
     sent = 0
 
     def flood():
@@ -150,7 +150,11 @@ def test_a_collector_cannot_speak_as_another(job):
     during_rate = _rates(job, "collector-0", 4.0, flood)
     wire.send(experience, "experience", "collector-0", 0, None, {**item, "priority": np.ones(64, np.float32)})
     job.expect_dropped(before + sent + 1, f"{sent} forged step requests and a forged experience message")
-    assert during_rate >= 0.6 * before_rate, (before_rate, during_rate)
+    # A forged request admitted would replace collector-0's session (its real requests then out of order, its rate
+    # near 0). The flood's own cost is not that: on 2 cores the sender's encryption and the server's decryption of
+    # 400 messages/s take CPU from the job, and its rates fall with it (to 0.59x of before on a CI machine).
+    assert job.state()["metrics"][M.INFERENCE_SESSIONS_BEGUN] == begun
+    assert during_rate >= 0.3 * before_rate, (before_rate, during_rate)
 
 
 def test_a_collector_key_cannot_sample_replay(job):

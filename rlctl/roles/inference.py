@@ -143,7 +143,7 @@ class InferenceServer:
         self.max_batch = job.inference.max_batch or 1 << 30
         self.deadline = job.inference.deadline_ms / 1000
         self.dropped = self.undeliverable = self.resent = 0
-        self.requests = self.batches = 0
+        self.requests = self.batches = self.sessions_begun = 0
         self.latencies: list[float] = []
         self.last_t, self.last_requests, self.last_batches = time.monotonic(), 0, 0
 
@@ -163,6 +163,7 @@ class InferenceServer:
                 self.forget(s)
             s = self.sessions[req.collector] = CollectorSession(req.collector, req.token, self.new_core(req.collector),
                                                                 req.seq)
+            self.sessions_begun += 1
         elif req.seq == s.next_seq - 1:  # asked again: answer again (or ignore while it is being served)
             s.identity, s.last_seen = identity, now
             if s.answer is not None:
@@ -276,7 +277,8 @@ class InferenceServer:
             M.INFERENCE_LATENCY_P50: float(np.percentile(lat, 50)) if len(lat) else 0.0,
             M.INFERENCE_LATENCY_P99: float(np.percentile(lat, 99)) if len(lat) else 0.0,
             M.INFERENCE_UNDELIVERABLE: self.undeliverable, M.INFERENCE_RESENT: self.resent,
-            M.INFERENCE_SESSIONS: len(self.sessions), M.INFERENCE_WEIGHT_VERSION: self.weights.version,
+            M.INFERENCE_SESSIONS: len(self.sessions), M.INFERENCE_SESSIONS_BEGUN: self.sessions_begun,
+            M.INFERENCE_WEIGHT_VERSION: self.weights.version,
             M.NET_DROPPED: self.dropped + self.weights.dropped})
         self.latencies = []
         self.last_t, self.last_requests, self.last_batches = now, self.requests, self.batches
