@@ -195,10 +195,16 @@ def ssh_failure(proc: subprocess.CompletedProcess) -> str:
     return lines[-1] if lines else f"exit code {proc.returncode}"
 
 
-def sweep_hosts(hosts: list[HostSpec], run_id: str, kill: bool = True) -> dict[str, dict]:
-    """On every host at once: the run's processes left there (killed with kill); host -> {left, killed} or {error}."""
+def sweep_hosts(hosts: list[HostSpec], run_id: str, kill: bool = True, placed: bool = False,
+                timeout: float = 20.0) -> dict[str, dict]:
+    """On every host at once: the run's processes left there (killed with kill; with `placed`, only those the plan
+    placed on that host); host -> {left, killed} or {error}."""
     out = {}
-    for name, proc in on_hosts(hosts, ["sweep", run_id, *(["--kill"] if kill else [])], timeout=20).items():
+
+    def args(h: HostSpec) -> list[str]:
+        return ["sweep", run_id, *(["--kill"] if kill else []), *(["--host", h.name] if placed else [])]
+
+    for name, proc in on_hosts(hosts, args, timeout=timeout).items():
         result = last_json_line(proc.stdout) if proc.returncode == 0 else None
         out[name] = result if result is not None else {"error": ssh_failure(proc)}
     return out

@@ -35,6 +35,8 @@ CENTRAL_COLLECTOR_MODULE = "rlctl.roles.central_collector"
 CRITICAL_ROLES = frozenset({Role.LEARNER})
 # Roles that write checkpoints (latest.pt and ckpt-N.pt; best.pt): on a remote host they are fetched at the end.
 CHECKPOINT_ROLES = frozenset({Role.LEARNER, Role.EVALUATOR})
+# Roles that start again on another host when theirs is lost (re_placement): they bind nothing and keep no data.
+MOVABLE_ROLES = frozenset({Role.COLLECTOR, Role.EVALUATOR})
 LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
 
 
@@ -320,9 +322,30 @@ def host_rows(hosts: list[HostSpec], net: Addressing) -> list[dict]:
              "evaluator": h.evaluator} for h in hosts]
 
 
+def re_placement(hosts: list[HostSpec], processes: list[ProcessSpec], lost: set[str]) -> dict[str, str]:
+    """Where the collectors and evaluator on `lost` hosts (a Slurm node that left the job, an SSH host that stopped
+    answering) start again, as process name -> host name. Pure. Each, in plan order, goes to the remote host left
+    that runs the fewest of `processes` (the ones that run on), hosts without a learner first, counting those placed
+    before it; a process with no host left is not in the result, nor is any other role (a learner, a replay shard:
+    their ports and data are their host's)."""
+    # Remote hosts only: a moved process keeps its remote form (its job file and checkpoints under the host's workdir).
+    left = [h for h in hosts if not h.is_local and h.name not in lost]
+    load = {h.name: 0 for h in left}
+    for p in processes:
+        if p.host in load:
+            load[p.host] += 1
+    out: dict[str, str] = {}
+    for p in processes:
+        if p.host in lost and p.role in MOVABLE_ROLES and left:
+            target = min(left, key=lambda h: (h.learner, load[h.name]))
+            out[p.name] = target.name
+            load[target.name] += 1
+    return out
+
+
 def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
-    """A collector of a lost Slurm node, placed on another node of the allocation (reached at `address`): the same
-    process and keys, weights over the network (the head's shared-memory board is for its own host)."""
+    """A collector or evaluator of a lost host, placed on another host (reached at `address`): the same process and
+    keys, weights over the network (the head's shared-memory board is for its own host)."""
     env = {k: v for k, v in proc.env.items() if k != "RLCTL_WEIGHT_BOARD"}
     env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
     argv = launcher_for(host).argv(host, list(proc.command), env, 0, frozenset(proc.secret_keys))

@@ -39,6 +39,7 @@ SESSION_LOST_GRACE_S = 5.0
 DEFAULT_SESSION_TIMEOUT_S = 30.0  # network.session_timeout_s, sent in the session's setup line
 SETUP_TIMEOUT_S = 60.0
 RUN_ID_ENV = "RLCTL_RUN_ID"
+HOST_ENV = "RLCTL_HOST"  # the plan's name of the host a process was placed on
 WEIGHT_BOARD_DIR = "/dev/shm"  # memory, not disk (Linux); a host without it sends weights over the network
 
 
@@ -225,9 +226,12 @@ def make_private_dir(path: str) -> str | None:
     return None
 
 
-def run_processes(run_id: str) -> list[int]:
-    """Pids on this host whose environment names the run (every process rlctl started for it, workers included)."""
+def run_processes(run_id: str, host: str = "") -> list[int]:
+    """Pids on this host whose environment names the run (every process rlctl started for it, workers included);
+    with `host`, only those the plan placed on that host (RLCTL_HOST): hosts that share one process table, as
+    containers and network namespaces of one machine do, each see only their own."""
     needle = f"{RUN_ID_ENV}={run_id}".encode()
+    placed = f"{HOST_ENV}={host}".encode() if host else None
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -236,14 +240,15 @@ def run_processes(run_id: str) -> list[int]:
             environ = Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if needle in environ.split(b"\0"):
+        items = environ.split(b"\0")
+        if needle in items and (placed is None or placed in items):
             found.append(int(entry))
     return found
 
 
-def command_sweep(run_id: str, kill: bool) -> int:
-    """Report (and with kill, SIGKILL) the run's processes left on this host; one JSON line."""
-    left = run_processes(run_id)
+def command_sweep(run_id: str, kill: bool, host: str = "") -> int:
+    """Report (and with kill, SIGKILL) the run's processes left on this host (`host`: placed on it); one JSON line."""
+    left = run_processes(run_id, host)
     killed = []
     if kill and left:
         for pid in left:
@@ -253,10 +258,10 @@ def command_sweep(run_id: str, kill: bool) -> int:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and run_processes(run_id):
+        while time.monotonic() < deadline and run_processes(run_id, host):
             time.sleep(0.05)
-        left = run_processes(run_id)
-    if kill and not left:
+        left = run_processes(run_id, host)
+    if kill and not left and not host:
         remove_weight_boards(run_id)
     print(json.dumps({"hostname": socket.gethostname(), "left": left, "killed": killed}))
     return 0
@@ -303,6 +308,7 @@ def main(args: list[str] | None = None) -> int:
     p_sweep = sub.add_parser("sweep", help="list (and with --kill end) a run's processes on this host")
     p_sweep.add_argument("run_id")
     p_sweep.add_argument("--kill", action="store_true")
+    p_sweep.add_argument("--host", default="", help="only the processes the plan placed on this host (RLCTL_HOST)")
     p_pull = sub.add_parser("pull", help="write a directory's files to stdout as tar")
     p_pull.add_argument("directory")
     ns = parser.parse_args(args)
@@ -319,7 +325,7 @@ def main(args: list[str] | None = None) -> int:
     if ns.command == "check":
         return command_check([int(p) for p in ns.ports.split(",") if p], ns.bind, ns.private_dir)
     if ns.command == "sweep":
-        return command_sweep(ns.run_id, ns.kill)
+        return command_sweep(ns.run_id, ns.kill, ns.host)
     return command_pull(ns.directory)
 
 

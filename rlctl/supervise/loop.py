@@ -124,6 +124,9 @@ class Supervisor:
                 self.run_state.end(ending)
                 return
             now = time.time()
+            for line in self.table.check_hosts(now):  # before check_hung: a whole host's silence is the host's
+                self.log.write(line)
+                print(f"rlctl: {line}", file=sys.stderr, flush=True)
             self.table.check_hung(now)
             for h in self.table.due(now):
                 self.starter.start(h)
@@ -162,6 +165,7 @@ class Supervisor:
         if ending in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED):
             state.status = RunStatus.STOPPING
         self.log.write(f"stopping: {state.exit_reason or 'the run ended'}")
+        self.table.watch.close()
         self._guarded(state.publish)
         try:
             self._shutdown()
@@ -208,7 +212,8 @@ class Supervisor:
         self.router.drain(0)
         remove_weight_board(self.plan.to_dict())
         if self.remote_hosts:
-            self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts)
+            self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts,
+                                                          [h.spec for h in self.table.handles])
 
     def _wait_gone(self, group: list[ProcessHandle], term_after: float = -1.0) -> None:
         """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or at

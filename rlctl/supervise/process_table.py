@@ -23,7 +23,8 @@ from rlctl import events
 from rlctl.net.control import ControlMessage
 from rlctl.launch.forkserver import ForkedProcess, ForkServer
 from rlctl.launch.hosts import ATTEMPT
-from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved
+from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved, re_placement
+from rlctl.supervise.host_loss import HostWatch, restart_delay
 from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
 from rlctl.supervise.run_state import RunEnd
 from rlctl.liveness import group_alive, process_start_time
@@ -186,6 +187,24 @@ class ProcessHandle:
                 "log_tail": list(self.pump.tail) if self.pump else []}
 
 
+DONE = (ProcState.FAILED, ProcState.STOPPED)
+
+
+def cut_session(h: ProcessHandle) -> None:
+    """End a remote process's session here at once, its host being lost (a KILL line may still reach it); its end is
+    kept as the exit of that start."""
+    if h.popen is None or h.popen.poll() is not None:
+        return
+    h.tell(b"KILL\n", close=True)
+    try:
+        os.killpg(h.popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    h.exit_code = h.last_exit = h.popen.wait()
+    if h.pump is not None:
+        h.pump.join(timeout=2)
+
+
 class ProcessTable:
     """Every process of the plan, and what the restart policy makes of their ends and silences (and, in a Slurm
     job, of nodes that leave it)."""
@@ -198,7 +217,8 @@ class ProcessTable:
         self.on_restart = on_restart  # a process of the plan restarts (told to the metrics: its env steps stay)
         # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
         self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
-        self.lost_nodes: set[str] = set()
+        self.lost_nodes: set[str] = set()  # and the SSH hosts lost now (self.watch)
+        self.watch = HostWatch(spec, plan.run_id)
         self.next_ping = 0.0
 
     def of_role(self, role: str) -> list[ProcessHandle]:
@@ -209,6 +229,7 @@ class ProcessTable:
         """A validated hello or heartbeat from `h`: it is alive; a learner's new rank is noted by its pid."""
         h.last_heartbeat = now
         h.life.heard()
+        self.watch.heard(h.spec.host, now)
         if msg.role == Role.LEARNER and msg.pid is not None and msg.pid not in h.killed_ranks:
             h.rank_pids[msg.rank] = msg.pid
             if h.life.state is ProcState.RANKS_RESTARTING:  # torchrun started new ranks for the killed ones
@@ -276,17 +297,50 @@ class ProcessTable:
         if h.spec.host not in self.lost_nodes:
             self.lost_nodes.add(h.spec.host)
             print(f"rlctl: node {h.spec.host} left Slurm job {self.slurm_job}", file=sys.stderr, flush=True)
-        if h.spec.role != Role.COLLECTOR:
+        gone = {x.name for x in self.spec.hosts if x.name not in nodes}
+        where = re_placement(self.spec.hosts, [o.spec for o in self.handles
+                                               if o.life.state is not ProcState.LOST or o is h], gone)
+        if h.spec.name not in where:
             failure = h.failure_record()
             h.life.lose()
             return RunEnd(RunStatus.FAILED, f"{h.spec.name}'s node {h.spec.host} left Slurm job {self.slurm_job}", failure)
-        load = {n: sum(o.spec.host == n and o.life.state is not ProcState.LOST for o in self.handles) for n in nodes}
-        target = min((host for host in self.spec.hosts if host.name in load), key=lambda x: (x.learner, load[x.name]))
+        target = next(x for x in self.spec.hosts if x.name == where[h.spec.name])
         old = h.spec.host
         h.spec = moved(h.spec, target, target.advertise_address or target.name)
         h.life.moved(old, target.name, time.time())
         self.on_restart(h.spec.name)
         return None
+
+    def check_hosts(self, now: float) -> list[str]:
+        """An SSH host silent past the heartbeat timeout is lost: its collectors and evaluator start on the hosts
+        left, once a copy still running there has ended itself; a lost host that answers again is re-admitted.
+        Lines for the supervisor's log."""
+        said = []
+        silent = self.watch.silent(now)
+        for host, silence in silent:
+            mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
+            live = [h.spec for h in self.handles if h.life.state not in DONE
+                    and (h.life.state is not ProcState.LOST or h.spec.host == host)]
+            # Only hosts heard from lately take them: when every host is silent, the fault is on this side.
+            where = re_placement(self.spec.hosts, live, self.lost_nodes | {name for name, _ in silent})
+            if not mine or any(h.spec.name not in where for h in mine):
+                continue  # a learner or replay shard there, or no host left: the rules for each process apply
+            loss = self.watch.lose(host, now, silence)
+            self.lost_nodes.add(host)
+            start_at = now + restart_delay(self.spec)
+            for h in mine:
+                cut_session(h)
+                target = next(x for x in self.spec.hosts if x.name == where[h.spec.name])
+                h.spec = moved(h.spec, target, target.advertise_address or target.destination)
+                h.life.moved(host, target.name, now, start_at, what="host")
+                h.metrics = {}
+                self.on_restart(h.spec.name)
+                loss.moved[h.spec.name] = target.name
+            said.append(loss.lost_line(host, start_at))
+        for host, loss in self.watch.answered():
+            self.lost_nodes.discard(host)
+            said.append(loss.back_line(host))
+        return said
 
     def _restart_learner_nodes(self, dead: ProcessHandle, now: float) -> None:
         """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the

@@ -13,14 +13,15 @@ import time
 from rlctl.rundir import RunDir
 
 
-def finish_remote(plan, rundir: RunDir, hosts: list) -> dict[str, dict]:
+def finish_remote(plan, rundir: RunDir, hosts: list, processes: list | None = None) -> dict[str, dict]:
     """Bring remote checkpoints home, then make sure nothing of the run is left on any remote host. Returns, per
-    host, what the sweep found (and the checkpoints fetched), for state.json's host rows."""
+    host, what the sweep found (and the checkpoints fetched), for state.json's host rows. `processes`: where the
+    plan's processes are now (one moved off a lost host writes its checkpoints on its new one)."""
     from rlctl.launch.hosts import pull_directory, sweep_hosts
     from rlctl.launch.plan import CHECKPOINT_ROLES
     from rlctl.launch.remote import remote_checkpoint_dir
 
-    writers = {p.host for p in plan.processes if p.remote and p.role in CHECKPOINT_ROLES}
+    writers = {p.host for p in (processes or plan.processes) if p.remote and p.role in CHECKPOINT_ROLES}
     fetched = pull_directory([h for h in hosts if h.name in writers], remote_checkpoint_dir(plan.run_id),
                              rundir.checkpoints_dir)
     for name, files in fetched.items():

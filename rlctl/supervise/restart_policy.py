@@ -9,6 +9,7 @@ speak, fall silent and end, and carries out what they decide: kills and starts.
     RANKS_RESTARTING --ranks late--> HUNG                     (torchrun never started new ranks: its agent killed)
     alive --ended--> RESTARTING --start--> STARTING           (alive: STARTING, RUNNING, HUNG, RANKS_RESTARTING)
     alive --moved / restarted with--> RESTARTING              (a lost Slurm node; another learner node's end)
+    RESTARTING or LOST --moved--> RESTARTING                  (its host lost: starts on another one)
     alive --gave up--> FAILED    alive --lose--> LOST         alive or RESTARTING --stop--> STOPPED
 """
 
@@ -67,7 +68,7 @@ class Event(enum.Enum):
     RANKS_BACK = "ranks back"  # a new rank of that learner said hello
     RANKS_LATE = "ranks late"  # torchrun did not start new ranks within the grace: its agent is killed
     ENDED = "ended"  # exited with restarts left: restarts after its backoff
-    MOVED = "moved"  # its Slurm node left the job: starts again on another node at once
+    MOVED = "moved"  # its host was lost (a Slurm node left the job, an SSH host stopped answering): starts elsewhere
     RESTARTED_WITH = "restarted with"  # another learner node ended: this one is killed and restarts with it
     START = "start"  # its backoff has passed: started again
     GAVE_UP = "gave up"  # exited with no restart left
@@ -90,6 +91,8 @@ TRANSITIONS: dict[tuple[ProcState, Event], ProcState] = {
         (_E.ENDED, _S.RESTARTING), (_E.MOVED, _S.RESTARTING), (_E.RESTARTED_WITH, _S.RESTARTING),
         (_E.GAVE_UP, _S.FAILED), (_E.LOSE, _S.LOST), (_E.STOP, _S.STOPPED))},
     (_S.RESTARTING, _E.START): _S.STARTING,
+    (_S.RESTARTING, _E.MOVED): _S.RESTARTING,  # its host was lost while it waited for its backoff
+    (_S.LOST, _E.MOVED): _S.RESTARTING,  # given up on its host (sessions failing), then that host was lost
     (_S.RESTARTING, _E.STOP): _S.STOPPED,
     (_S.FAILED, _E.STOP): _S.FAILED,
     (_S.LOST, _E.STOP): _S.LOST,
@@ -207,11 +210,12 @@ class Lifecycle:
         self._restart(Event.ENDED, now + delay)
         return True
 
-    def moved(self, old_host: str, new_host: str, now: float) -> None:
-        """Its Slurm node left the job: it starts again on `new_host` at once (no backoff, no restart counted
-        against the window)."""
-        self.note = f"node {old_host} lost at {clock(now)}; moved to {new_host}"
-        self._restart(Event.MOVED, now)
+    def moved(self, old_host: str, new_host: str, now: float, start_at: float | None = None,
+              what: str = "node") -> None:
+        """Its host (a Slurm node, an SSH `host`) was lost: it starts again on `new_host` at `start_at` (default at
+        once; no backoff, no restart counted against the window)."""
+        self.note = f"{what} {old_host} lost at {clock(now)}; moved to {new_host}"
+        self._restart(Event.MOVED, now if start_at is None else start_at)
 
     def restart_with(self, other: str, start_at: float, now: float) -> None:
         """Another learner node ended: this one was killed and starts again with it (a static rendezvous is joined

@@ -128,16 +128,19 @@ class RunState:
         }
 
     def host_rows(self) -> list[dict]:
-        """Per host: its processes, how many run, restarts, sessions lost, and its state (ok, lost, stopped, k/n up)."""
+        """Per host: its processes, how many run, restarts, sessions lost, its state (ok, lost, stopped, k/n up), and
+        for an SSH host that was lost, when, where its processes went and when it came back (`loss`, `note`)."""
         rows = []
         for host in self.plan.hosts:
             mine = [h for h in self.table.handles if h.spec.host == host["name"]]
+            loss = self.table.watch.losses.get(host["name"])
             rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"),
                          "state": host_state(host, mine, self.table.lost_nodes), "processes": len(mine),
                          "running": sum(h.life.state.shown == ProcState.RUNNING.value for h in mine),
                          "restarts": sum(h.life.restarts for h in mine),
                          "lost_sessions": sum(h.lost_sessions for h in mine),
-                         "cleanup": self.remote_cleanup.get(host["name"])})
+                         "cleanup": self.remote_cleanup.get(host["name"]),
+                         "loss": loss.record() if loss else None, "note": loss.note() if loss else None})
         return rows
 
     def publish(self) -> dict:

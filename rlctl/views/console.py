@@ -297,8 +297,11 @@ def hosts_table_rows(state: dict) -> tuple[list[str], list[list]] | None:
         style = "bold red" if st == RunStatus.LOST else ("green" if st == "ok" else "yellow")
         where = r.get("via") if r.get("via") in ("local", "ssh", "slurm") else "ssh" if r.get("remote") else "local"
         out.append([r.get("name"), where, Text(st, style=style),
-                    f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0)])
-    return HOST_COLUMNS, out
+                    f"{r.get('running', 0)}/{r.get('processes', 0)}", r.get("restarts", 0), r.get("lost_sessions", 0),
+                    str(r.get("note") or "")])
+    if not any(r.get("note") for r in rows):  # a host lost and re-placed, or back: said in its note
+        return HOST_COLUMNS, [r[:-1] for r in out]
+    return [*HOST_COLUMNS, "note"], out
 
 
 def header_lines(state: dict, now: float | None = None, width: int | None = None) -> list[str]:

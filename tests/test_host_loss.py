@@ -1,0 +1,181 @@
+"""Hosts that vanish, in-process: where the processes of a lost host go (launch.plan.re_placement, shared by lost
+Slurm nodes and SSH hosts), and the process table losing a silent SSH host and taking it back once it answers.
+The same over real SSH hosts with a network interface taken down: tests/test_ssh.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlctl.job.load import load_job
+from rlctl.launch.plan import make_plan, re_placement
+from rlctl.supervise.restart_policy import ProcState
+
+HOSTS = '''
+[job]
+name = "vanish"
+
+[env]
+id = "CartPole-v1"
+
+[algorithm]
+name = "apex"
+
+[network]
+base_port = 42000
+
+[logging]
+heartbeat_timeout_s = 10.0
+
+[[hosts]]
+name = "h1"
+learner = true
+replay_shards = 1
+
+[[hosts]]
+name = "h2"
+collectors = 2
+
+[[hosts]]
+name = "h3"
+collectors = 2
+evaluator = true
+
+[[hosts]]
+name = "h4"
+collectors = 1
+'''
+
+
+def spec_of(tmp_path: Path, text: str = HOSTS):
+    path = tmp_path / "vanish.toml"
+    path.write_text(text)
+    return load_job(path)
+
+
+def test_a_lost_hosts_collectors_and_evaluator_go_to_the_least_loaded_hosts_left_learner_hosts_last(tmp_path):
+    spec = spec_of(tmp_path)
+    procs = make_plan(spec, "v-1", str(tmp_path / "run"), 42000).processes
+    on = {p.name: p.host for p in procs}
+    assert [n for n, h in on.items() if h == "h3"] == ["evaluator-0", "collector-2", "collector-3"]
+    # h4 runs 1, h2 2: h4 takes the first, then the two tie and the first host in the job's order takes the next.
+    assert re_placement(spec.hosts, procs, {"h3"}) == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"}
+    assert re_placement(spec.hosts, procs, set()) == {}
+    # A learner host's learner and replay shard go nowhere: their ports and data are their host's.
+    assert re_placement(spec.hosts, procs, {"h1"}) == {}
+    # With only the learner host left, it takes them all; with no host left, nothing moves.
+    assert set(re_placement(spec.hosts, procs, {"h2", "h3", "h4"}).values()) == {"h1"}
+    assert re_placement(spec.hosts, procs, {"h1", "h2", "h3", "h4"}) == {}
+    # Processes that no longer run (not passed in) are not counted: h2 emptied takes the first two.
+    alive = [p for p in procs if p.host != "h2"]
+    assert re_placement(spec.hosts, alive, {"h3"}) == {"evaluator-0": "h2", "collector-2": "h2", "collector-3": "h4"}
+
+
+def test_the_launching_machine_never_takes_a_remote_process(tmp_path):
+    local = 'name = "h1"\naddress = "localhost"\nadvertise_address = "10.0.0.1"\n'
+    spec = spec_of(tmp_path, HOSTS.replace('name = "h1"\n', local))
+    procs = make_plan(spec, "v-1", str(tmp_path / "run"), 42000).processes
+    assert re_placement(spec.hosts, procs, {"h2", "h3"}) == {"collector-0": "h4", "collector-1": "h4",
+                                                           "evaluator-0": "h4", "collector-2": "h4",
+                                                           "collector-3": "h4"}
+    assert re_placement(spec.hosts, procs, {"h2", "h3", "h4"}) == {}
+
+
+class Answers:
+    """Stands in for the sweep a lost host is probed with: no answer, until `up` says it is back."""
+
+    def __init__(self):
+        self.up, self.calls = False, []
+
+    def __call__(self, hosts, run_id, kill=True, placed=False, timeout=20.0):
+        self.calls.append((hosts[0].name, run_id, kill, placed))
+        return {hosts[0].name: {"left": [], "killed": [4242]} if self.up else {"error": "No route to host"}}
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    fake = Answers()
+    monkeypatch.setattr("rlctl.launch.hosts.sweep_hosts", fake)
+    monkeypatch.setattr("rlctl.supervise.host_loss.PROBE_INTERVAL_S", 0.01)
+    return fake
+
+
+def test_a_silent_ssh_host_is_lost_its_processes_move_after_the_session_timeout_and_it_is_taken_back(tmp_path,
+                                                                                                     answers):
+    from rlctl.supervise.host_loss import restart_delay
+    from rlctl.supervise.process_table import ProcessTable
+
+    spec = spec_of(tmp_path)
+    restarted = []
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=restarted.append)
+    gone = [table.by_name[n] for n in ("evaluator-0", "collector-2", "collector-3")]
+    # One of them still has its session: it is cut (a real process standing in for the ssh client).
+    gone[1].popen = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, start_new_session=True)
+    hear(table, 100.0)
+    hear(table, 109.0, but="h3")
+    assert table.check_hosts(110.0) == []  # h3 silent for 10 s: not past the timeout yet
+    said = table.check_hosts(110.5)
+    assert len(said) == 1 and said[0].startswith("host h3 lost at ") and "no word from its processes for 10s" in said[0]
+    assert "collector-2 re-placed on h2" in said[0] and "evaluator-0 re-placed on h4" in said[0]
+    assert gone[1].popen.poll() is not None and gone[1].last_exit == -9
+    assert {h.spec.name: h.spec.host for h in gone} == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"}
+    assert all(h.spec.env["RLCTL_HOST"] == h.spec.host for h in gone)
+    # They start once a copy still running on h3 has ended itself for want of word from the supervisor.
+    assert restart_delay(spec) == spec.network.session_timeout_s + 5.0
+    start_at = 110.5 + restart_delay(spec)
+    assert all(h.life.state is ProcState.RESTARTING and h.life.start_at == start_at for h in gone)
+    assert all(h.life.note.startswith("host h3 lost at ") and h.life.note.endswith(f"moved to {h.spec.host}")
+               for h in gone)
+    assert sorted(restarted) == ["collector-2", "collector-3", "evaluator-0"]
+    hear(table, 111.0, but="h3")
+    assert table.lost_nodes == {"h3"} and table.check_hosts(111.0) == []  # lost once
+    assert table.due(start_at - 0.1) == [] and table.due(start_at) == gone
+
+    # Probed until it answers; the answer ends what of the run is left there (its sweep, by the host's name).
+    assert answers.calls and answers.calls[0] == ("h3", "v-1", True, True)
+    answers.up = True
+    said = wait_said(table, 112.0)
+    assert len(said) == 1 and said[0].startswith("host h3 back at ") and "1 leftover processes" in said[0]
+    assert "h3" not in table.lost_nodes and "h3" not in table.watch.lost
+    loss = table.watch.losses["h3"]
+    assert loss.moved == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"} and loss.back_at is not None
+    assert loss.note(lambda t: "T").startswith("lost at T; collector-2 re-placed on h2; ")
+    table.watch.close()
+
+
+def test_when_every_host_is_silent_or_a_learner_is_there_nothing_moves(tmp_path, answers):
+    from rlctl.supervise.process_table import ProcessTable
+
+    spec = spec_of(tmp_path)
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    hear(table, 100.0)
+    # Every host silent at once: the supervisor's side is the one cut off; each process's own rules apply.
+    assert table.check_hosts(200.0) == [] and not table.lost_nodes and answers.calls == []
+    # h1 runs the learner and a replay shard: it is never lost as a host, whoever else is heard.
+    hear(table, 205.0, but="h1")
+    assert table.check_hosts(206.0) == [] and not table.lost_nodes
+    table.watch.close()
+
+
+def hear(table, now: float, but: str = "") -> None:
+    """Every process of the table heard from at `now`, but those on host `but`."""
+    msg = SimpleNamespace(role="collector", pid=None, rank=0)
+    for h in table.handles:
+        if h.spec.host != but:
+            table.heard(h, msg, now)
+
+
+def wait_said(table, now: float, timeout: float = 10.0) -> list[str]:
+    """What check_hosts says once it has something to say (a probe runs in its own thread)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        said = table.check_hosts(now)
+        if said:
+            return said
+        time.sleep(0.01)
+    raise AssertionError("check_hosts said nothing")
