@@ -123,6 +123,12 @@ def test_a_silent_ssh_host_is_lost_its_processes_move_after_the_session_timeout_
     assert gone[1].popen.poll() is not None and gone[1].last_exit == -9
     assert {h.spec.name: h.spec.host for h in gone} == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"}
     assert all(h.spec.env["RLCTL_HOST"] == h.spec.host for h in gone)
+    # Each new session forwards its own control socket to the supervisor's control port, as the first one did.
+    control = table.plan_control.rsplit(":", 1)[1]
+    for h in gone:
+        forward = h.spec.argv[h.spec.argv.index("-R") + 1]
+        assert forward == f"{h.spec.env['RLCTL_CONTROL'].removeprefix('ipc://')}:127.0.0.1:{control}"
+        assert h.spec.argv[h.spec.argv.index("--") - 1] == h.spec.host  # ssh's destination: the new host
     # They start once a copy still running on h3 has ended itself for want of word from the supervisor.
     assert restart_delay(spec) == spec.network.session_timeout_s + 5.0
     start_at = 110.5 + restart_delay(spec)

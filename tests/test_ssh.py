@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -395,6 +396,97 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
     assert "host h4: could not check" in out.stderr, out.stderr
     assert "host h1: nothing of the run left" in out.stdout and "host h2: nothing of the run left" in out.stdout
     assert read_state(run_dir)["status"] == "stopped"
+
+
+# Above what the re-placement takes on a busy 2-core machine: the silence itself, network.session_timeout_s + 5 s
+# for a copy cut off on the lost host to have ended itself, and ~12 s for a collector to start (torch imported).
+VANISH_HEARTBEAT_S = 25.0
+# The run's target: a time (an env-step or return target is reached at a machine's own speed, before the fault or
+# long after it); what it learns meanwhile is checked by the env steps made after the host came back.
+VANISH_WALL_S = 160
+
+
+def role_copies(run_id: str) -> Counter:
+    """How many processes run each collector and evaluator of the run, on any host (the role process itself, not its
+    rlctl.launch.remote wrapper), by (role, rank, host)."""
+    found: Counter = Counter()
+    for pid in run_processes_anywhere(run_id):
+        try:
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        role = env.get(b"RLCTL_ROLE", b"").decode()
+        if role in ("collector", "evaluator") and f"rlctl.roles.{role}".encode() in cmdline \
+                and b"rlctl.launch.remote" not in cmdline:
+            found[role, env[b"RLCTL_RANK"].decode(), env[b"RLCTL_HOST"].decode()] += 1
+    return found
+
+
+def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_leaves_no_copy_behind(lab, tmp_path):
+    """h3's network interface goes down mid-run (inside its namespace): within 2 x heartbeat_timeout_s its two
+    collectors step on h2, status and the live view say so; once the interface is back h3 is re-admitted, no
+    collector runs twice, and the run goes on to its target."""
+    if not lab.netns:
+        pytest.skip("taking a host's network down needs network namespaces")
+    job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 2}},
+                     name="ssh-vanish", train_return="1000.0")
+    job.write_text(job.read_text().replace(f"wall_s = {CAP_S}", f"wall_s = {VANISH_WALL_S}")
+                   + f"\n[logging]\nheartbeat_timeout_s = {VANISH_HEARTBEAT_S}\n\n[network]\nsession_timeout_s = 3.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h3 = runs / run_id, lab.hosts[2]
+
+    def host(name: str) -> dict:
+        return next(r for r in read_state(run_dir).get("host_rows", []) if r["name"] == name)
+
+    def on(names) -> dict:
+        return {p["name"]: (p["host"], p["state"]) for p in read_state(run_dir)["processes"] if p["name"] in names}
+
+    moving = ("collector-1", "collector-2")
+    wait_all_running(run_dir)
+    assert on(moving) == {n: ("h3", "running") for n in moving}
+    cut_at = time.time()
+    subprocess.run(["ip", "-n", h3.netns, "link", "set", "eth0", "down"], check=True)
+    try:
+        wait_for(lambda: on(moving) == {n: ("h2", "running") for n in moving}, 4 * VANISH_HEARTBEAT_S,
+                 what="h3's collectors running on h2")
+        for name in moving:
+            step = wait_for(lambda: events.first(run_dir / "logs" / f"{name}.log", "first_env_step", after=cut_at), 30,
+                            what=f"{name} stepping on h2")
+            assert step.ts - cut_at < 2 * VANISH_HEARTBEAT_S, (name, step.ts - cut_at)
+        state = read_state(run_dir)
+        assert state["status"] == "running", state.get("exit_reason")
+        row = host("h3")
+        assert row["state"] == "lost" and row["loss"]["moved"] == {n: "h2" for n in moving}, row
+        assert row["loss"]["lost_at"] - cut_at < VANISH_HEARTBEAT_S + 2, row  # noticed within the timeout
+        assert row["note"].startswith("lost at ") and "collector-1, collector-2 re-placed on h2" in row["note"], row
+        assert all(p["note"].startswith("host h3 lost at ") for p in state["processes"] if p["name"] in moving)
+        status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+        lost_row = r"h3\s+ssh\s+lost\s+0/0 .*lost at \S+; collector-1, collector-2 re-placed on h2"
+        assert re.search(lost_row, status), status
+    finally:
+        subprocess.run(["ip", "-n", h3.netns, "link", "set", "eth0", "up"], check=True)
+    back = wait_for(lambda: host("h3")["loss"]["back_at"], 60, what="h3 re-admitted")
+    steps_back = read_state(run_dir)["metrics"].get("charts/env_steps", 0)
+    print(f"cut at +0, back at +{back - cut_at:.1f}s with {steps_back} env steps")
+    assert host("h3")["state"] == "ok" and "; back at " in host("h3")["note"]
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert re.search(r"host h3 lost at \S+: no word from its processes for \d+s; collector-1 re-placed on h2, "
+                     r"collector-2 re-placed on h2", log), log
+    assert re.search(r"host h3 back at \S+: re-admitted", log), log
+    # No process of the run twice: each collector once, on h2 or where it always was, none left on h3.
+    copies = role_copies(run_id)
+    assert copies == Counter({("collector", "0", "h2"): 1, ("collector", "1", "h2"): 1,
+                              ("collector", "2", "h2"): 1}), copies
+    wait_for(lambda: read_state(run_dir).get("status") in ("finished", "failed", "stopped"), CAP_S,
+             what="the run's end")
+    state = read_state(run_dir)
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "wall_s", state.get("exit_reason")
+    assert state["metrics"]["charts/env_steps"] > steps_back + 1000, (steps_back, state["metrics"])
+    assert {p["name"]: p["host"] for p in state["processes"] if p["role"] == "collector"} == {
+        "collector-0": "h2", "collector-1": "h2", "collector-2": "h2"}
+    wait_for(lambda: run_processes_anywhere(run_id) == [], 30, what="nothing of the run left")
 
 
 def test_stop_after_the_supervisor_died_ends_remote_processes_and_fetches_their_checkpoint(lab, tmp_path):

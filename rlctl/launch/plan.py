@@ -343,12 +343,13 @@ def re_placement(hosts: list[HostSpec], processes: list[ProcessSpec], lost: set[
     return out
 
 
-def moved(proc: ProcessSpec, host: HostSpec, address: str) -> ProcessSpec:
+def moved(proc: ProcessSpec, host: HostSpec, address: str, control_port: int = 0) -> ProcessSpec:
     """A collector or evaluator of a lost host, placed on another host (reached at `address`): the same process and
-    keys, weights over the network (the head's shared-memory board is for its own host)."""
+    keys, weights over the network (the head's shared-memory board is for its own host); `control_port`: the
+    supervisor's, which an SSH session forwards (a Slurm step connects to it)."""
     env = {k: v for k, v in proc.env.items() if k != "RLCTL_WEIGHT_BOARD"}
     env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
-    argv = launcher_for(host).argv(host, list(proc.command), env, 0, frozenset(proc.secret_keys))
+    argv = launcher_for(host).argv(host, list(proc.command), env, control_port, frozenset(proc.secret_keys))
     return dataclasses.replace(proc, host=host.name, argv=argv, env=env)
 
 

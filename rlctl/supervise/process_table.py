@@ -218,7 +218,7 @@ class ProcessTable:
         # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
         self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
         self.lost_nodes: set[str] = set()  # and the SSH hosts lost now (self.watch)
-        self.watch = HostWatch(spec, plan.run_id)
+        self.watch, self.plan_control = HostWatch(spec, plan.run_id), plan.endpoints["control"]
         self.next_ping = 0.0
 
     def of_role(self, role: str) -> list[ProcessHandle]:
@@ -331,7 +331,8 @@ class ProcessTable:
             for h in mine:
                 cut_session(h)
                 target = next(x for x in self.spec.hosts if x.name == where[h.spec.name])
-                h.spec = moved(h.spec, target, target.advertise_address or target.destination)
+                h.spec = moved(h.spec, target, target.advertise_address or target.destination,
+                               int(str(self.plan_control).rsplit(":", 1)[1]))
                 h.life.moved(host, target.name, now, start_at, what="host")
                 h.metrics = {}
                 self.on_restart(h.spec.name)
