@@ -12,7 +12,16 @@ One run of jobs/apex.toml (stop target replaced by a long env-step budget, check
   torch imports, checkpoint and replay snapshot loads included).
 Times come from the events' timestamps (the supervisor stamps each log line as it arrives). Medians are reported.
 
-Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...}
+Then, over SSH test hosts (tests/hostlab.py: one sshd per network namespace; needs root, openssh-server and
+iproute2, else skipped), `--host-loss-rounds` times: an APPO run (learner on h1, a collector on h2, two on h3) with
+`logging.heartbeat_timeout_s` = 10 and `network.session_timeout_s` = 3, and the network interface of the host that
+holds collector-1 taken down -> the moved collectors' first env step on the host left (their `first_env_step`,
+the slowest of them), split into the silence before the host is lost and the rest (the wait for a cut-off copy to
+have ended itself, session_timeout_s + 5 s, and the collectors' start); then the interface comes back and the host
+is re-admitted before the next round.
+
+Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...,
+"host_loss_to_step_s": ...}
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import os
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +42,7 @@ import _children
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 from rlctl import events  # noqa: E402
 
 
@@ -98,10 +109,71 @@ def start(args: list[str], log: Path):
                            stdout=open(log, "ab"), stderr=open(log, "ab"), env={**os.environ, "TERM": "dumb"})
 
 
+HOST_LOSS_HEARTBEAT_S = 10.0
+
+
+def host_loss_job(lab, workdir: Path) -> str:
+    """The APPO job spread over lab hosts h1 (learner), h2 (a collector) and h3 (two), running until stopped."""
+    text = (REPO / "jobs" / "appo.toml").read_text()
+    text = re.sub(r"(?m)^(collectors|evaluator) = .*\n", "", text)
+    text = re.sub(r"(?m)^train_return = .*$", "train_return = 1e9", text)
+    text = re.sub(r"(?m)^wall_s = .*$", "wall_s = 1200", text)
+    for i, counts in enumerate([{"learner": True}, {"collectors": 1}, {"collectors": 2}]):
+        (workdir / f"h{i + 1}").mkdir(exist_ok=True)
+        text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir / f"h{i + 1}"), **counts)
+    return text + (f"\n[logging]\nheartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S}\n"
+                   "\n[network]\nsession_timeout_s = 3.0\n")
+
+
+def host_row(run_dir: Path, name: str) -> dict:
+    """One host's row of state.json."""
+    return next((h for h in state(run_dir).get("host_rows", []) if h.get("name") == name), {})
+
+
+def host_loss(rounds: int) -> list[tuple[float, float]] | None:
+    """Per round: seconds from a collector host's interface going down to its collectors' first env step on the
+    host left, and of those, the silence before the host was lost. None where the lab cannot cut a host off."""
+    from hostlab import HostLab
+
+    with tempfile.TemporaryDirectory() as tmp, HostLab(Path(tmp), 3).start() as lab:
+        if not lab.netns:
+            print(f"host loss: skipped (no network namespaces: {lab.netns_error})", flush=True)
+            return None
+        job, runs, log = Path(tmp) / "appo.toml", Path(tmp) / "runs", Path(tmp) / "rlctl-hosts.out"
+        job.write_text(host_loss_job(lab, Path(tmp)))
+        sup = start(["run", str(job), "--runs-dir", str(runs)], log)
+        run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        out = []
+        for _ in range(rounds):
+            wait(lambda: (procs := state(run_dir).get("processes")) and all(p["state"] == "running" for p in procs),
+                 120, "every process running")
+            victim = row(run_dir, "collector-1")["host"]
+            moving = [p["name"] for p in state(run_dir)["processes"] if p["host"] == victim]
+            netns = lab.hosts[int(victim[1:]) - 1].netns
+            t0 = time.time()
+            subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "down"], check=True)
+            try:
+                steps = [wait(lambda: first_event_after(run_dir, n, "first_env_step", t0), 180, f"{n} elsewhere")
+                         for n in moving]
+                lost = wait(lambda: ((host_row(run_dir, victim).get("loss") or {}).get("lost_at") or 0) > t0
+                            and host_row(run_dir, victim)["loss"]["lost_at"], 30, f"{victim} lost")
+            finally:
+                subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "up"], check=True)
+            out.append((max(steps) - t0, lost - t0))
+            print(f"host {victim} cut off: lost after {lost - t0:.1f} s, {', '.join(moving)} stepping elsewhere "
+                  f"after {max(steps) - t0:.1f} s", flush=True)
+            wait(lambda: ((host_row(run_dir, victim).get("loss") or {}).get("back_at") or 0) > t0, 120,
+                 f"{victim} back")
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 30)
+        return out
+
+
 def main() -> None:
     _children.install()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--host-loss-rounds", type=int, default=2, help="rounds over SSH test hosts (0: none)")
     args = ap.parse_args()
     out: dict[str, list[float]] = {"collector": [], "learner": [], "resume": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,13 +208,20 @@ def main() -> None:
             print(f"run --resume: first update after {t1 - t0:.2f} s (round {r + 1})", flush=True)
         sup.send_signal(signal.SIGTERM)
         sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 10)
+    hosts = host_loss(args.host_loss_rounds) if args.host_loss_rounds > 0 else None
     result = {"bench": "faults", "rounds": args.rounds,
               "collector_recover_s": round(statistics.median(out["collector"]), 3),
               "learner_recover_s": round(statistics.median(out["learner"]), 3),
               "resume_first_update_s": round(statistics.median(out["resume"]), 3),
-              "all_s": {k: [round(x, 3) for x in v] for k, v in out.items()}}
+              "host_loss_to_step_s": round(statistics.median(t for t, _ in hosts), 3) if hosts else None,
+              "host_loss_detect_s": round(statistics.median(d for _, d in hosts), 3) if hosts else None,
+              "host_loss_heartbeat_timeout_s": HOST_LOSS_HEARTBEAT_S,
+              "all_s": {**{k: [round(x, 3) for x in v] for k, v in out.items()},
+                        "host_loss": [round(t, 3) for t, _ in hosts or []]}}
     print(f"median seconds: collector kill -> first batch {result['collector_recover_s']}, learner kill -> first "
-          f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}")
+          f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}, "
+          f"collector host cut off -> its collectors stepping elsewhere {result['host_loss_to_step_s']} "
+          f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g})")
     print(json.dumps(result))
 
 

@@ -4,6 +4,7 @@ The same over real SSH hosts with a network interface taken down: tests/test_ssh
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -185,3 +186,21 @@ def wait_said(table, now: float, timeout: float = 10.0) -> list[str]:
             return said
         time.sleep(0.01)
     raise AssertionError("check_hosts said nothing")
+
+
+def test_status_and_the_live_view_show_a_lost_hosts_note_only_where_one_was_lost():
+    from rich.console import Console
+
+    from rlctl.views.console import hosts_table_rows, live_renderable
+
+    row = {"name": "h3", "remote": True, "via": "ssh", "state": "lost", "processes": 0, "running": 0, "restarts": 0,
+           "lost_sessions": 0, "loss": {"lost_at": 1.0, "moved": {"collector-1": "h2"}, "back_at": None},
+           "note": "lost at 03:32:07; collector-1 re-placed on h2"}
+    ok = {**row, "name": "h2", "state": "ok", "processes": 2, "running": 2, "loss": None, "note": None}
+    columns, rows = hosts_table_rows({"host_rows": [ok, row]})
+    assert columns[-1] == "note" and rows[1][-1] == row["note"] and rows[0][-1] == ""
+    assert "note" not in hosts_table_rows({"host_rows": [ok]})[0]
+    console = Console(record=True, width=160)
+    console.print(live_renderable({"status": "running", "processes": [], "host_rows": [ok, row]}))
+    text = console.export_text()
+    assert re.search(r"h3\s+ssh\s+lost\s+0/0\s+0\s+0\s+lost at 03:32:07; collector-1 re-placed on h2\n", text), text
