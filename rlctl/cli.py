@@ -471,10 +471,6 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
             con = get_console()
             con.print(terminal_plot(curves, metric, x, width=min(con.width, 160)))
         return
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise _bad_input("--out needs matplotlib: pip install -e '.[plot]'")
     try:
         print(png_plot(curves, metric, x, out))
     except PngError as exc:
@@ -522,16 +518,14 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
     spec = _load(job) if job is not None else None
     if not path.is_file():
         rd = _resolve(runs_dir, target)
-        path = rd.checkpoints_dir / f"{which}.pt"
-        if which == "best" and not path.is_file():
-            path = rd.checkpoints_dir / "latest.pt"  # no evaluator ran: the learner's checkpoint is all there is
-        if not path.is_file():
-            raise _bad_input(f"{rd.run_id} has no {which} checkpoint ({path})")
+        path = rd.checkpoint(which)
+        if path is None:
+            raise _bad_input(f"{rd.run_id} has no {which} checkpoint (in {rd.checkpoints_dir})")
         if spec is None and rd.job_toml.is_file():
             # The run directory is the user's own: its job.toml, not what its checkpoint file says, makes the env.
             spec = _load(rd.job_toml)
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
-    from rlctl.views.eval_progress import EpisodeProgress
+    from rlctl.views.eval_progress import EpisodeProgress, print_eval_result
 
     progress = EpisodeProgress(episodes)
     try:
@@ -548,12 +542,7 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
 
         print_json(result)
     else:
-        print(f"{path}: mean return {result['return_mean']:.1f} ± {result['return_std']:.1f} over {episodes} "
-              f"{'sampled' if stochastic else 'greedy'} episodes (min {result['return_min']:.1f}, "
-              f"max {result['return_max']:.1f})")
-        for i, (ret, length) in enumerate(zip(result["returns"], result["lengths"])):
-            print(f"  episode {i}: return {ret:.1f}, {length} steps"
-                  + (f", {result['videos'][i]}" if "videos" in result else ""))
+        print_eval_result(path, result, episodes, stochastic)
 
 
 def main() -> None:
