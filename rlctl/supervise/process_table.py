@@ -90,6 +90,7 @@ class ProcessHandle:
     exit_code: int | None = None
     last_heartbeat: float | None = None
     metrics: dict = field(default_factory=dict)
+    rate_samples: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rate) of its heartbeats
     kill_sent_at: float | None = None  # remote: when KILL went down the session
     started_at: float = 0.0
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
@@ -116,6 +117,7 @@ class ProcessHandle:
         self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
         self.pump.start()
         self.exit_code, self.last_heartbeat = None, None
+        self.rate_samples.clear()  # a new process: the last one's rates are not its own
         self.kill_sent_at, self.started_at = None, time.time()
         self.start_time = None if self.spec.remote else process_start_time(self.popen.pid)
 
@@ -265,6 +267,7 @@ class ProcessTable:
         if self._can_lose(h):
             h.life.lose()
             h.metrics = {}
+            h.rate_samples.clear()
             return None
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
