@@ -432,5 +432,7 @@ def test_a_second_ctrl_c_during_start_up_forces_the_stop_and_leaves_no_process(t
     assert took < 15, took
     assert "Traceback" not in out, out
     wait_for(lambda: not marked_processes(mark), 5, interval=0.05, what="every process of the run to stop")
-    state = read_state(only_run(runs))
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
     assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGINT", (state, out)
+    assert f"rlctl run --resume {run_dir.name}\n" in out, out  # what to do next: go on with it
