@@ -355,6 +355,10 @@ def test_cli_validate_loads_the_entry_points_a_job_names(tmp_path):
                          "  env.wrappers[1]: 'myenvs:NOT_CALLABLE': 'NOT_CALLABLE' is a int, not a class or function",
                          "  env.wrappers[2]: 'nomodule:W': cannot import module 'nomodule' (ModuleNotFoundError: No "
                          "module named 'nomodule')"], proc.stderr
+    # `run` of a job that runs on this machine checks the same before anything starts: no run directory.
+    run = rlctl("run", str(unimportable), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.splitlines() == lines[:2], (run.stdout, run.stderr)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_cli_validate_reads_the_job_from_stdin(tmp_path):

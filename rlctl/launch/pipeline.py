@@ -20,7 +20,7 @@ from typing import Callable
 
 from rlctl.launch.plan import LaunchPlan, choose_base_port, job_warnings, local_python, machine_warnings, make_plan
 from rlctl.rundir import RunDir, RunLock, new_run_id, runs_root
-from rlctl.job.load import load_job
+from rlctl.job.load import check_entry_points, load_job
 from rlctl.job.resolved import host_secrets, resolved_dict
 from rlctl.job.spec import JobSpec
 from rlctl.job.toml_writer import dumps_toml
@@ -66,7 +66,12 @@ def launch_input(job_file: Path | None, runs_dir: Path | None = None, resume: bo
         raise LaunchRefused("rlctl run: give a job file (or --resume [RUN])")
     if job is not None or until:
         raise LaunchRefused("rlctl run: --job and --until go with --resume")
-    return LaunchInput(load_job(job_file))
+    spec = load_job(job_file)
+    if spec.cluster.scheduler != "slurm" and all(h.is_local for h in spec.hosts):
+        # Every process runs here: an env or wrapper that cannot be imported is refused now, as `validate` does,
+        # not by each process at its start.
+        spec = check_entry_points(spec, job_file)
+    return LaunchInput(spec)
 
 
 def on_allocation(spec: JobSpec) -> tuple[JobSpec, str]:
