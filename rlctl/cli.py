@@ -336,7 +336,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[s
     """Merged log lines of a run, prefixed by process, ordered by time."""
     from rlctl.role_names import LOG_SOURCES
     from rlctl.run_logs import follow_logs, merged_log_lines
-    from rlctl.views.console import log_printer
+    from rlctl.views.log_view import log_printer
 
     if role is not None and role not in LOG_SOURCES:
         raise _bad_input(f"rlctl logs: no role {role!r}; known roles: {', '.join(sorted(LOG_SOURCES))}")

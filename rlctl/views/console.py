@@ -11,7 +11,6 @@ import math
 import os
 import sys
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from rlctl.views import bottleneck
@@ -43,7 +42,6 @@ STATUS_STYLES = {
     RunStatus.UNKNOWN: "dim",
 }
 # Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
-ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
 
 RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
 PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat", "note"]
@@ -594,49 +592,6 @@ def progress_line(state: dict, now: float | None = None) -> str:
     if diverging:
         parts.append(diverging)
     return " ".join(parts)
-
-
-def _role_of(source: str) -> str:
-    """Role part of a source name ("collector-3" -> "collector")."""
-    role, sep, rank = source.rpartition("-")
-    return role if sep and rank.isdigit() else source
-
-
-def role_colour(source: str) -> str:
-    """Stable palette colour for a source's role (same role -> same colour, in every process)."""
-    # zlib.crc32, not hash(): str hashes are randomised per interpreter.
-    return ROLE_PALETTE[zlib.crc32(_role_of(source).encode()) % len(ROLE_PALETTE)]
-
-
-def _clock(ts: float) -> str:
-    """Local "HH:MM:SS.mmm" of an epoch time."""
-    try:
-        millis = int((ts % 1) * 1000)
-        return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{millis:03d}"
-    except (OverflowError, OSError, ValueError, TypeError):
-        return "??:??:??.???"
-
-
-def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) -> "Text":
-    """Log line as rich Text: "HH:MM:SS.mmm source | text", prefix coloured by role; text never markup."""
-    from rich.text import Text
-
-    line = Text(f"{_clock(ts)} {source:<{source_width}} | ", style=role_colour(source))
-    # Process output may carry its own ANSI colours; decode those rather than printing escapes.
-    line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
-    return line
-
-
-def log_printer(as_json: bool = False):
-    """A function that prints one log entry (ts, source, text): as a coloured line, or as one JSON object."""
-    if as_json:
-        def show(entry: tuple[float, str, str]) -> None:
-            ts, source, text = entry
-            sys.stdout.write(json.dumps({"ts": round(ts, 3), "source": source, "text": text}) + "\n")
-            sys.stdout.flush()
-        return show
-    con = get_console()
-    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]))
 
 
 def progress_printer(interval_s: float = 5.0):
