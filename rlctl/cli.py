@@ -32,8 +32,10 @@ EXIT_BAD_INPUT = 2
 
 def _complete_run(incomplete: str) -> list[str]:
     from rlctl.rundir import list_runs, runs_root
+    from rlctl.sweep_dir import list_sweeps
 
-    return [r.run_id for r in list_runs(runs_root()) if r.run_id.startswith(incomplete)]
+    ids = [r.run_id for r in list_runs(runs_root())] + [s.sweep_id for s in list_sweeps(runs_root())]
+    return [i for i in ids if i.startswith(incomplete)]
 
 
 SbatchNodesOpt = typer.Option(None, "--nodes", min=1, help="With --sbatch: nodes to ask for [default: "
@@ -125,9 +127,19 @@ def validate(files: List[Path] = typer.Argument(..., help="Job files to check (`
     """Check job files against the schema and load the env and wrapper entry points they name; exit 2 naming the
     file, key path and reason on error."""
     from rlctl.job.load import JobFileError, check_entry_points, load_job, source_name
+    from rlctl.job.sweep_spec import SweepFileError, is_sweep_file, load_sweep
 
     bad = 0
     for f in files:
+        if str(f) != "-" and is_sweep_file(f):  # a sweep: every trial's job checked
+            try:
+                found = load_sweep(f)
+            except SweepFileError as exc:
+                bad += 1
+                print(exc.render(), file=sys.stderr)
+                continue
+            print(f"{f}: OK (sweep of {len(found.trials)} trials of {found.base.name})")
+            continue
         try:
             spec = check_entry_points(load_job(f), f)
         except JobFileError as exc:
@@ -379,6 +391,7 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
             print_json(runs_json(runs))
             return
         con.print(runs_table(runs, con.width))
+        _print_sweeps(con, runs_dir)
         return
     found = _sweep_named(runs_dir, run)
     if found is not None:
@@ -402,6 +415,19 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
     state = as_read(rd.read_state())
     con.print(run_view(state, live=False))
     con.print(next_steps_text(rd, state["status"]), markup=False)
+
+
+def _print_sweeps(con, runs_dir: Optional[Path]) -> None:
+    """Under `rlctl status`'s runs table: a line per sweep (its trials are runs inside its folder)."""
+    from rlctl.rundir import runs_root
+    from rlctl.sweep_dir import list_sweeps
+    from rlctl.views.sweep_view import sweep_header
+
+    sweeps = list_sweeps(runs_root(runs_dir))
+    if sweeps:
+        con.print("\nsweeps (rlctl status SWEEP for its trials)", markup=False)
+    for found in sweeps:
+        con.print(sweep_header(found), markup=False, soft_wrap=True)
 
 
 @app.command()
