@@ -124,9 +124,11 @@ def plan_to_show(spec: JobSpec, runs_dir: Path | None = None) -> tuple[JobSpec, 
     return spec, plan
 
 
-def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = False) -> RunDir:
+def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = False,
+            reserved: frozenset[int] = frozenset()) -> RunDir:
     """Plan the run, check its remote hosts, and write its directory (job, secrets, plan, state "created"): what
-    `supervise` or `start_detached` then runs. A resumed run's lock is let go here, however this ends."""
+    `supervise` or `start_detached` then runs; its ports none of `reserved`. A resumed run's lock is let go here,
+    however this ends."""
     try:
         spec = given.spec
         if detach and spec.cluster.scheduler == "slurm":
@@ -134,7 +136,7 @@ def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = Fal
                                 "command salloc runs, and the run with it; submit a background run with --sbatch")
         spec, control_address = on_allocation(spec)
         warn_machine(spec)
-        base_port = choose_base_port(spec, control_address)  # free where the supervisor binds (preflight: the hosts)
+        base_port = choose_base_port(spec, control_address, reserved)  # free where the supervisor binds (preflight: the hosts)
         addresses = host_addresses(spec)
         token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
 

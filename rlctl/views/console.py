@@ -40,6 +40,7 @@ STATUS_STYLES = {
     RunStatus.FAILED: "bold red",
     RunStatus.LOST: "magenta",
     RunStatus.UNKNOWN: "dim",
+    RunStatus.PENDING: "dim",
 }
 # Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
 
@@ -607,6 +608,18 @@ def progress_printer(interval_s: float = 5.0):
     return show
 
 
+def target_reached(state: dict) -> bool:
+    """True for a run that finished on its target: a stop criterion other than a limit (wall time; env steps beside
+    a return target)."""
+    if state.get("status") != RunStatus.FINISHED or not state.get("exit_reason"):
+        return False
+    by = state.get("stopped_by") if isinstance(state.get("stopped_by"), dict) else {}
+    stop = state.get("stop") if isinstance(state.get("stop"), dict) else {}
+    if by.get("criterion") == "env_steps" and any(stop.get(k) is not None for k in ("eval_return", "train_return")):
+        return False  # a limit beside the return it was for
+    return by.get("criterion") != "wall_s" and not str(state["exit_reason"]).startswith("wall time")
+
+
 def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     """`rlctl compare --json`: per run, the job keys whose values differ between the runs (raw values), the time and
     env steps to the stop target (null unless the run finished on a target other than wall time) and its final
@@ -628,8 +641,7 @@ def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     out = {}
     for rd, job, s in zip(runs, jobs, states):
         m = _metrics(s)
-        reached = (s.get("status") == RunStatus.FINISHED and bool(s.get("exit_reason"))
-                   and not str(s["exit_reason"]).startswith("wall time"))
+        reached = target_reached(s)
         steps = _num(m.get(M.ENV_STEPS))
         out[rd.run_id] = {
             "job": {k: job.get(k) for k in differ},
