@@ -32,8 +32,10 @@ EXIT_BAD_INPUT = 2
 
 def _complete_run(incomplete: str) -> list[str]:
     from rlctl.rundir import list_runs, runs_root
+    from rlctl.sweep_dir import list_sweeps
 
-    return [r.run_id for r in list_runs(runs_root()) if r.run_id.startswith(incomplete)]
+    ids = [r.run_id for r in list_runs(runs_root())] + [s.sweep_id for s in list_sweeps(runs_root())]
+    return [i for i in ids if i.startswith(incomplete)]
 
 
 SbatchNodesOpt = typer.Option(None, "--nodes", min=1, help="With --sbatch: nodes to ask for [default: "
@@ -67,6 +69,17 @@ def _resolve(runs_dir: Optional[Path], run: Optional[str]):
 
     try:
         return resolve_run(runs_root(runs_dir), run)
+    except RunNotFound as exc:
+        raise _bad_input(str(exc)) from None
+
+
+def _sweep_named(runs_dir: Optional[Path], name: Optional[str]):
+    """The sweep a RUN argument names (id, unique prefix or path), or None when it names none."""
+    from rlctl.rundir import RunNotFound, runs_root
+    from rlctl.sweep_dir import find_sweep
+
+    try:
+        return find_sweep(runs_root(runs_dir), name)
     except RunNotFound as exc:
         raise _bad_input(str(exc)) from None
 
@@ -114,9 +127,19 @@ def validate(files: List[Path] = typer.Argument(..., help="Job files to check (`
     """Check job files against the schema and load the env and wrapper entry points they name; exit 2 naming the
     file, key path and reason on error."""
     from rlctl.job.load import JobFileError, check_entry_points, load_job, source_name
+    from rlctl.job.sweep_spec import SweepFileError, is_sweep_file, load_sweep
 
     bad = 0
     for f in files:
+        if str(f) != "-" and is_sweep_file(f):  # a sweep: every trial's job checked
+            try:
+                found = load_sweep(f)
+            except SweepFileError as exc:
+                bad += 1
+                print(exc.render(), file=sys.stderr)
+                continue
+            print(f"{f}: OK (sweep of {len(found.trials)} trials of {found.base.name})")
+            continue
         try:
             spec = check_entry_points(load_job(f), f)
         except JobFileError as exc:
@@ -139,7 +162,11 @@ def plan(job_file: Path = typer.Argument(..., help="Job file."), as_json: bool =
                                       "environment they share.")) -> None:
     """Render the launch plan (every process, host, port, what it runs); start nothing."""
     from rlctl.views.console import get_console, print_json
+    from rlctl.job.sweep_spec import is_sweep_file
 
+    if is_sweep_file(job_file):
+        _print_sweep_plan(_load_sweep(job_file), as_json)
+        return
     spec = _load(job_file)
     with _launch_errors():
         if sbatch:
@@ -183,6 +210,12 @@ def run(job_file: Optional[Path] = typer.Argument(
     from rlctl.launch import pipeline as launch
 
     os.umask(0o077)  # a run's folders 0700 and files 0600: logs, job, plan, state, checkpoints
+    if resume and job_file is not None and _sweep_named(runs_dir, str(job_file)) is not None:
+        with _launch_errors():
+            from rlctl.launch.sweep import sweep_to_resume
+
+            found = sweep_to_resume(runs_dir, str(job_file))
+        raise typer.Exit(_run_sweep(found, detach))
     with _launch_errors():
         given = launch.launch_input(job_file, runs_dir, resume, job, until, slurm_run_dir)
         if sbatch:
@@ -270,6 +303,82 @@ def _run_attached(rundir) -> int:
 
 
 @app.command()
+def sweep(target: str = typer.Argument(..., help="Sweep file; with --resume, the sweep to continue (id or prefix)."),
+          detach: bool = typer.Option(False, "--detach", "-d", help="Schedule in the background; print the sweep id."),
+          plan_only: bool = typer.Option(False, "--plan", help="List the trials (as `rlctl plan`); start nothing."),
+          resume: bool = typer.Option(False, "--resume", help="Continue a stopped or lost sweep: unfinished trials "
+                                      "from their checkpoints, then the trials not begun."),
+          runs_dir: Optional[Path] = RunsDirOpt) -> None:
+    """Run every trial of a sweep file (a base job, parameters by key path, seeds), at most max_concurrent at once,
+    each an ordinary run under the sweep's directory."""
+    from rlctl.launch import sweep as sweeps
+
+    os.umask(0o077)
+    with _launch_errors():
+        if resume:
+            found = sweeps.sweep_to_resume(runs_dir, target)
+        else:
+            spec = _load_sweep(Path(target))
+            if plan_only:
+                _print_sweep_plan(spec, False)
+                return
+            found = sweeps.create_sweep(spec, runs_dir)
+    raise typer.Exit(_run_sweep(found, detach))
+
+
+def _load_sweep(path: Path):
+    from rlctl.job.sweep_spec import SweepFileError, load_sweep
+
+    try:
+        return load_sweep(path)
+    except SweepFileError as exc:
+        raise _bad_input(exc.render()) from None
+
+
+def _print_sweep_plan(spec, as_json: bool) -> None:
+    """`rlctl plan SWEEP.toml`: the trials, each with its values and seed."""
+    from rlctl.views.console import build_table, get_console, print_json
+    from rlctl.views.sweep_view import plan_rows
+
+    trials = [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials]
+    if as_json:
+        print_json({"name": spec.name, "base": str(spec.base), "max_concurrent": spec.max_concurrent,
+                    "trials": trials})
+        return
+    con = get_console()
+    con.print(f"sweep {spec.name}: {len(trials)} trials of {spec.base}, {spec.max_concurrent} at once", markup=False)
+    con.print(build_table(None, *plan_rows(trials, [p.key for p in spec.params])))
+
+
+def _run_sweep(found, detach: bool) -> int:
+    """Schedule a sweep here (its table live on a terminal) or in the background; the exit code."""
+    from rlctl.launch.sweep import start_detached
+
+    if detach:
+        start_detached(found)
+        print(found.sweep_id)
+        print(f"  rlctl status {found.sweep_id}\n  rlctl compare {found.sweep_id}\n  rlctl stop {found.sweep_id}",
+              file=sys.stderr)
+        return 0
+    from rlctl.supervise.sweep_scheduler import schedule_sweep
+    from rlctl.views.console import get_console
+    from rlctl.views.sweep_view import sweep_printer, sweep_view
+
+    con = get_console()
+    if con.is_terminal:
+        from rich.console import Group
+        from rich.live import Live
+
+        with Live(console=con, refresh_per_second=2, transient=False) as live:
+            code = schedule_sweep(found.path, display=lambda sw, _: live.update(Group(*sweep_view(sw, con.width))))
+    else:
+        code = schedule_sweep(found.path, display=sweep_printer())
+        for part in sweep_view(found, con.width):
+            con.print(part, markup=False, soft_wrap=True)
+    return code
+
+
+@app.command()
 def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """All runs, or one run's processes and what to do next with it."""
     from rlctl.views.console import get_console, print_json, run_view, runs_json, runs_table
@@ -282,6 +391,17 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
             print_json(runs_json(runs))
             return
         con.print(runs_table(runs, con.width))
+        _print_sweeps(con, runs_dir)
+        return
+    found = _sweep_named(runs_dir, run)
+    if found is not None:
+        from rlctl.views.sweep_view import sweep_json, sweep_view
+
+        if as_json:
+            print_json(sweep_json(found))
+            return
+        for part in sweep_view(found, con.width):
+            con.print(part, markup=False, soft_wrap=True)
         return
     rd = _resolve(runs_dir, run)
     if as_json:
@@ -295,6 +415,19 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
     state = as_read(rd.read_state())
     con.print(run_view(state, live=False))
     con.print(next_steps_text(rd, state["status"]), markup=False)
+
+
+def _print_sweeps(con, runs_dir: Optional[Path]) -> None:
+    """Under `rlctl status`'s runs table: a line per sweep (its trials are runs inside its folder)."""
+    from rlctl.rundir import runs_root
+    from rlctl.sweep_dir import list_sweeps
+    from rlctl.views.sweep_view import sweep_header
+
+    sweeps = list_sweeps(runs_root(runs_dir))
+    if sweeps:
+        con.print("\nsweeps (rlctl status SWEEP for its trials)", markup=False)
+    for found in sweeps:
+        con.print(sweep_header(found), markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -336,7 +469,7 @@ def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[s
     """Merged log lines of a run, prefixed by process, ordered by time."""
     from rlctl.role_names import LOG_SOURCES
     from rlctl.run_logs import follow_logs, merged_log_lines
-    from rlctl.views.console import log_printer
+    from rlctl.views.log_view import log_printer
 
     if role is not None and role not in LOG_SOURCES:
         raise _bad_input(f"rlctl logs: no role {role!r}; known roles: {', '.join(sorted(LOG_SOURCES))}")
@@ -354,10 +487,16 @@ def logs(run: Optional[str] = RunArg, follow: bool = FollowOpt, role: Optional[s
 @app.command()
 def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--timeout", min=0, help="Seconds to wait."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Stop a run gracefully (final checkpoint, every process gone) and wait for it."""
+    """Stop a run (or a sweep: its scheduler and every trial) gracefully (final checkpoint, every process gone) and
+    wait for it."""
     from rlctl.rundir import RunBusy
-    from rlctl.supervise.run_stop import stop_run
+    from rlctl.supervise.run_stop import stop_run, stop_sweep
 
+    found = _sweep_named(runs_dir, run)
+    if found is not None:
+        if not stop_sweep(found, timeout):
+            raise typer.Exit(EXIT_FAILED)
+        return
     rd = _resolve(runs_dir, run)
     try:
         stopped = stop_run(rd, timeout)
@@ -368,13 +507,18 @@ def stop(run: Optional[str] = RunArg, timeout: float = typer.Option(60.0, "--tim
 
 
 @app.command()
-def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or prefixes).",
+def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or prefixes), or one sweep.",
                                              autocompletion=_complete_run),
             as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures."""
+    """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures; a sweep's
+    trials ranked by time to target."""
     from rlctl.views.console import compare_data, compare_view, get_console, print_json
+    from rlctl.views.sweep_view import ranked_trials
 
-    dirs = [_resolve(runs_dir, r) for r in runs]
+    found = _sweep_named(runs_dir, runs[0]) if len(runs) == 1 else None
+    dirs = ranked_trials(found) if found is not None else [_resolve(runs_dir, r) for r in runs]
+    if not dirs:
+        raise _bad_input(f"rlctl compare: no trial of {found.sweep_id} has begun")
     if as_json:
         print_json(compare_data(dirs))
         return
@@ -471,10 +615,6 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
             con = get_console()
             con.print(terminal_plot(curves, metric, x, width=min(con.width, 160)))
         return
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise _bad_input("--out needs matplotlib: pip install -e '.[plot]'")
     try:
         print(png_plot(curves, metric, x, out))
     except PngError as exc:
@@ -522,16 +662,14 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
     spec = _load(job) if job is not None else None
     if not path.is_file():
         rd = _resolve(runs_dir, target)
-        path = rd.checkpoints_dir / f"{which}.pt"
-        if which == "best" and not path.is_file():
-            path = rd.checkpoints_dir / "latest.pt"  # no evaluator ran: the learner's checkpoint is all there is
-        if not path.is_file():
-            raise _bad_input(f"{rd.run_id} has no {which} checkpoint ({path})")
+        path = rd.checkpoint(which)
+        if path is None:
+            raise _bad_input(f"{rd.run_id} has no {which} checkpoint (in {rd.checkpoints_dir})")
         if spec is None and rd.job_toml.is_file():
             # The run directory is the user's own: its job.toml, not what its checkpoint file says, makes the env.
             spec = _load(rd.job_toml)
     from rlctl.checkpoint import CheckpointError, evaluate_checkpoint
-    from rlctl.views.eval_progress import EpisodeProgress
+    from rlctl.views.eval_progress import EpisodeProgress, print_eval_result
 
     progress = EpisodeProgress(episodes)
     try:
@@ -548,12 +686,7 @@ def eval_(target: str = typer.Argument(..., help="Run id/prefix or a checkpoint 
 
         print_json(result)
     else:
-        print(f"{path}: mean return {result['return_mean']:.1f} ± {result['return_std']:.1f} over {episodes} "
-              f"{'sampled' if stochastic else 'greedy'} episodes (min {result['return_min']:.1f}, "
-              f"max {result['return_max']:.1f})")
-        for i, (ret, length) in enumerate(zip(result["returns"], result["lengths"])):
-            print(f"  episode {i}: return {ret:.1f}, {length} steps"
-                  + (f", {result['videos'][i]}" if "videos" in result else ""))
+        print_eval_result(path, result, episodes, stochastic)
 
 
 def main() -> None:

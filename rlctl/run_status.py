@@ -18,4 +18,5 @@ class RunStatus:
     FAILED = "failed"
     LOST = "lost"
     UNKNOWN = "unknown"  # no state.json to read
+    PENDING = "pending"  # a sweep's trial not begun yet (its folder has no state.json)
 

@@ -217,6 +217,13 @@ class RunDir:
             return
         replace_bytes(self.state_json, (json.dumps(state, indent=1, default=str) + "\n").encode())
 
+    def checkpoint(self, which: str) -> Path | None:
+        """The `best` or `latest` checkpoint file, or None; `best` is `latest` when no evaluator ran."""
+        path = self.checkpoints_dir / f"{which}.pt"
+        if which == "best" and not path.is_file():
+            path = self.checkpoints_dir / "latest.pt"  # no evaluator ran: the learner's checkpoint is all there is
+        return path if path.is_file() else None
+
     def effective_status(self, state: dict | None = None) -> str:
         """Status from state (read from disk if not given); "lost" if the supervisor died, "unknown" if no state."""
         return status_of(state if state is not None else self.read_state())

@@ -25,11 +25,17 @@ def tether_to_supervisor() -> None:
         supervisor = int(os.environ.get(SUPERVISOR_PID_ENV, ""))
     except ValueError:
         return
+    tether_to(supervisor)
+
+
+def tether_to(parent: int) -> None:
+    """SIGTERM this process when its parent exits (PR_SET_PDEATHSIG); exit now if `parent` is gone already. A no-op
+    outside Linux."""
     if not sys.platform.startswith("linux"):
         return
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     try:
-        os.kill(supervisor, 0)  # it may have died before the request above was in place
+        os.kill(parent, 0)  # it may have died before the request above was in place
     except ProcessLookupError:
         os._exit(3)
     except PermissionError:

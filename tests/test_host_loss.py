@@ -125,7 +125,8 @@ def test_a_silent_ssh_host_is_lost_its_processes_move_after_the_session_timeout_
     assert {h.spec.name: h.spec.host for h in gone} == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"}
     assert all(h.spec.env["RLCTL_HOST"] == h.spec.host for h in gone)
     # Each new session forwards its own control socket to the supervisor's control port, as the first one did.
-    control = table.plan_control.rsplit(":", 1)[1]
+    control = str(table.control_port)
+    assert control == str(make_plan(spec, "v-1", str(tmp_path / "run"), 42000).endpoints["control"]).rsplit(":")[-1]
     for h in gone:
         forward = h.spec.argv[h.spec.argv.index("-R") + 1]
         assert forward == f"{h.spec.env['RLCTL_CONTROL'].removeprefix('ipc://')}:127.0.0.1:{control}"

@@ -695,11 +695,20 @@ def test_dedicated_cores_that_leave_nothing_for_the_others_are_a_warning():
     assert not [w for w in machine_warnings(wide, cpus=8) if "learner_cores" in w]
 
 
-@pytest.mark.parametrize("job", sorted(p.name for p in (REPO / "jobs").glob("*.toml")))
+@pytest.mark.parametrize("job", sorted(p.name for p in (REPO / "jobs").glob("*.toml") if "[sweep]" not in p.read_text()))
 def test_every_shipped_job_validates_and_plans(job):
     spec = load_job(REPO / "jobs" / job)
     p = plan_of(spec, base=choose_base_port(spec))
     assert {x.role for x in p.processes} >= {"learner", "collector"}
+
+
+def test_the_shipped_sweep_has_its_eight_trials_each_a_job_that_plans():
+    from rlctl.job.sweep_spec import load_sweep
+
+    sweep = load_sweep(REPO / "jobs" / "sweep-ppo.toml")
+    assert len(sweep.trials) == 8 and len({(t.values["algorithm.lr"], t.seed) for t in sweep.trials}) == 8
+    for spec in sweep.jobs:
+        assert {x.role for x in plan_of(spec, base=choose_base_port(spec)).processes} >= {"learner", "collector"}
 
 
 def test_the_multi_host_example_places_learner_and_collectors_on_their_hosts():

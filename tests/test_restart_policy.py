@@ -3,6 +3,7 @@ and the process table's decisions on ends (fake processes: only exit codes are n
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -252,3 +253,32 @@ def test_the_process_table_fails_the_run_at_once_when_a_process_says_it_cannot_s
     end = table.reap()
     assert end.reason == (f"replay-0 exited with code {events.STARTUP_FAILED_CODE} (it cannot start, and would not "
                           "on a restart either)") and replay.life.restarts == 0
+
+
+def test_a_row_s_rate_is_its_heartbeats_mean_over_the_window_and_a_new_start_forgets_the_old_ones(tmp_path):
+    """Rates in a row average the last RATE_WINDOW_S of heartbeats (one slow heartbeat is no blink to 0.0); the
+    evaluator's figure is its latest return; a process started again shows none of its predecessor's."""
+    from rlctl.launch.plan import ProcessSpec
+    from rlctl.supervise.process_table import ProcessHandle
+    from rlctl.supervise.run_state import RATE_WINDOW_S, note_rate, shown_rate
+    from rlctl import metric_names as M
+
+    def handle(role: str) -> ProcessHandle:
+        return ProcessHandle(ProcessSpec(f"{role}-0", role, 0, "localhost", ["true"], {}), Lifecycle(POLICY))
+
+    collector = handle("collector")
+    assert shown_rate(collector, 100.0) is None
+    for t, rate in ((80.0, 1000.0), (95.0, 400.0), (99.0, 0.0), (100.0, 500.0)):
+        collector.metrics = {M.ENV_STEPS_PER_S: rate}
+        note_rate(collector, t)
+    assert shown_rate(collector, 100.0) == pytest.approx((400 + 0 + 500) / 3)  # 80.0 is out of the window
+    assert shown_rate(collector, 100.0 + 2 * RATE_WINDOW_S) == 500.0  # nothing recent: the last heard
+    evaluator = handle("evaluator")
+    for t, ret in ((90.0, 20.0), (99.0, 480.0)):
+        evaluator.metrics = {M.EVAL_RETURN_MEAN: ret}
+        note_rate(evaluator, t)
+    assert shown_rate(evaluator, 100.0) == 480.0
+    collector.start(dict(os.environ), tmp_path)  # `true`, started for real
+    assert shown_rate(collector, 100.0) is None
+    collector.popen.wait(10)
+    collector.pump.join(10)

@@ -217,9 +217,23 @@ class Broken(gym.Env):
 START_FAILURES = {
     "constructor-raises": ("brokenenvs:Broken",
                            "making the env failed (RuntimeError: the simulator licence is missing)"),
-    "unimportable": ("mypkg.envs:MyEnv", "cannot import module 'mypkg.envs' (ModuleNotFoundError: No module named "
-                                         "'mypkg')"),
+    # Imported by `rlctl run` (so the job passes its check) but not by the processes: an env package installed on
+    # the machine the run starts from and missing where its processes run.
+    "unimportable-where-it-runs": ("hostonlyenvs:Env", "cannot import module 'hostonlyenvs' (ImportError: not "
+                                                       "installed for this process)"),
 }
+HOST_ONLY_ENVS = """
+import os
+
+import gymnasium as gym
+
+if "RLCTL_ROLE" in os.environ:  # a process of the run
+    raise ImportError("not installed for this process")
+
+
+class Env(gym.Env):
+    pass
+"""
 
 
 @pytest.mark.parametrize("case", list(START_FAILURES))
@@ -228,6 +242,7 @@ def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path,
     message, printed once (the traceback stays in the process's log)."""
     env_id, why = START_FAILURES[case]
     (tmp_path / "brokenenvs.py").write_text(BROKEN_ENVS)
+    (tmp_path / "hostonlyenvs.py").write_text(HOST_ONLY_ENVS)
     job = small_job(tmp_path, name="broken", stop="wall_s = 120", max_restarts=3)
     job.write_text(job.read_text().replace('id = "CartPole-v1"', f'id = "{env_id}"'))
     runs = tmp_path / "runs"
@@ -432,5 +447,7 @@ def test_a_second_ctrl_c_during_start_up_forces_the_stop_and_leaves_no_process(t
     assert took < 15, took
     assert "Traceback" not in out, out
     wait_for(lambda: not marked_processes(mark), 5, interval=0.05, what="every process of the run to stop")
-    state = read_state(only_run(runs))
+    run_dir = only_run(runs)
+    state = read_state(run_dir)
     assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGINT", (state, out)
+    assert f"rlctl run --resume {run_dir.name}\n" in out, out  # what to do next: go on with it

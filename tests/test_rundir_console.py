@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl import liveness, run_logs, rundir
-from rlctl.views import console
+from rlctl.views import console, log_view
 from rlctl.rundir import RunDir, RunNotFound
 
 OWN_START = liveness.process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
@@ -356,10 +356,10 @@ def test_runs_table_header_and_live_with_sparse_state(tmp_path, capsys):
 
 
 def test_log_line_markup_prefix_and_stable_colour():
-    text = console.log_line_markup("collector-3", "value [bold]x[/bold]", T0 + 0.5)
+    text = log_view.log_line_markup("collector-3", "value [bold]x[/bold]", T0 + 0.5)
     assert text.plain == f"{time.strftime('%H:%M:%S', time.localtime(T0))}.500 collector-3 | value [bold]x[/bold]"
-    assert console.role_colour("collector-0") == console.role_colour("collector-7")
-    coloured = console.log_line_markup("learner-0", "\x1b[31mred\x1b[0m", T0)
+    assert log_view.role_colour("collector-0") == log_view.role_colour("collector-7")
+    coloured = log_view.log_line_markup("learner-0", "\x1b[31mred\x1b[0m", T0)
     assert coloured.plain.endswith("| red")
 
 

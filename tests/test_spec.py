@@ -23,7 +23,8 @@ from rlctl.job.spec import JobSpec
 from rlctl.job.toml_writer import dumps_toml
 
 REPO = Path(__file__).resolve().parents[1]
-JOB_FILES = sorted((REPO / "jobs").glob("*.toml"))
+JOB_FILES = sorted(p for p in (REPO / "jobs").glob("*.toml") if "[sweep]" not in p.read_text())
+SWEEP_FILES = sorted(p for p in (REPO / "jobs").glob("*.toml") if "[sweep]" in p.read_text())
 
 
 def rlctl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -127,10 +128,10 @@ def test_shipped_jobs_exist():
 
 
 def test_cli_validate_shipped_jobs():
-    proc = rlctl("validate", *[str(p.relative_to(REPO)) for p in JOB_FILES])
+    proc = rlctl("validate", *[str(p.relative_to(REPO)) for p in JOB_FILES + SWEEP_FILES])
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    for p in JOB_FILES:
+    for p in JOB_FILES + SWEEP_FILES:
         assert any(str(p.relative_to(REPO)) in line and "OK" in line for line in lines), proc.stdout
     assert "Traceback" not in proc.stderr
 
@@ -355,6 +356,10 @@ def test_cli_validate_loads_the_entry_points_a_job_names(tmp_path):
                          "  env.wrappers[1]: 'myenvs:NOT_CALLABLE': 'NOT_CALLABLE' is a int, not a class or function",
                          "  env.wrappers[2]: 'nomodule:W': cannot import module 'nomodule' (ModuleNotFoundError: No "
                          "module named 'nomodule')"], proc.stderr
+    # `run` of a job that runs on this machine checks the same before anything starts: no run directory.
+    run = rlctl("run", str(unimportable), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.splitlines() == lines[:2], (run.stdout, run.stderr)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_cli_validate_reads_the_job_from_stdin(tmp_path):

@@ -20,7 +20,7 @@ from typing import Callable
 
 from rlctl.launch.plan import LaunchPlan, choose_base_port, job_warnings, local_python, machine_warnings, make_plan
 from rlctl.rundir import RunDir, RunLock, new_run_id, runs_root
-from rlctl.job.load import load_job
+from rlctl.job.load import check_entry_points, load_job
 from rlctl.job.resolved import host_secrets, resolved_dict
 from rlctl.job.spec import JobSpec
 from rlctl.job.toml_writer import dumps_toml
@@ -66,7 +66,12 @@ def launch_input(job_file: Path | None, runs_dir: Path | None = None, resume: bo
         raise LaunchRefused("rlctl run: give a job file (or --resume [RUN])")
     if job is not None or until:
         raise LaunchRefused("rlctl run: --job and --until go with --resume")
-    return LaunchInput(load_job(job_file))
+    spec = load_job(job_file)
+    if spec.cluster.scheduler != "slurm" and all(h.is_local for h in spec.hosts):
+        # Every process runs here: an env or wrapper that cannot be imported is refused now, as `validate` does,
+        # not by each process at its start.
+        spec = check_entry_points(spec, job_file)
+    return LaunchInput(spec)
 
 
 def on_allocation(spec: JobSpec) -> tuple[JobSpec, str]:
@@ -119,9 +124,11 @@ def plan_to_show(spec: JobSpec, runs_dir: Path | None = None) -> tuple[JobSpec, 
     return spec, plan
 
 
-def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = False) -> RunDir:
+def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = False,
+            reserved: frozenset[int] = frozenset()) -> RunDir:
     """Plan the run, check its remote hosts, and write its directory (job, secrets, plan, state "created"): what
-    `supervise` or `start_detached` then runs. A resumed run's lock is let go here, however this ends."""
+    `supervise` or `start_detached` then runs; its ports none of `reserved`. A resumed run's lock is let go here,
+    however this ends."""
     try:
         spec = given.spec
         if detach and spec.cluster.scheduler == "slurm":
@@ -129,7 +136,7 @@ def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = Fal
                                 "command salloc runs, and the run with it; submit a background run with --sbatch")
         spec, control_address = on_allocation(spec)
         warn_machine(spec)
-        base_port = choose_base_port(spec, control_address)  # free where the supervisor binds (preflight: the hosts)
+        base_port = choose_base_port(spec, control_address, reserved)  # free where the supervisor binds (preflight: the hosts)
         addresses = host_addresses(spec)
         token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
 

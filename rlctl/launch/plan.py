@@ -108,15 +108,16 @@ def default_base_port(spec: JobSpec) -> int:
     return bases[zlib.crc32(spec.job.name.encode()) % len(bases)]
 
 
-def choose_base_port(spec: JobSpec, host: str = "127.0.0.1") -> int:
-    """The job's base port: the configured one, else the first range that is free now, from the per-job default."""
+def choose_base_port(spec: JobSpec, host: str = "127.0.0.1", reserved: frozenset[int] = frozenset()) -> int:
+    """The job's base port: the configured one, else the first range that is free now, from the per-job default,
+    holding none of the `reserved` ports (promised to runs that have not bound them yet: a sweep's trials)."""
     if spec.network.base_port:
         return spec.network.base_port
     need, bases = ports_needed(spec), auto_bases(spec)
     first = bases.index(default_base_port(spec))
     for i in range(len(bases)):
         base = bases[(first + i) % len(bases)]
-        if all(port_free(host, base + k) for k in range(need)):
+        if all(base + k not in reserved and port_free(host, base + k) for k in range(need)):
             return base
     raise RuntimeError(f"no free range of {need} ports within {AUTO_PORTS[0]}-{AUTO_PORTS[1] - 1}; set "
                        "network.base_port")

@@ -25,7 +25,7 @@ from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise.process_table import ProcessHandle, ProcessTable
 from rlctl.supervise.remote_cleanup import finish_remote
-from rlctl.supervise.run_state import RunEnd, RunState
+from rlctl.supervise.run_state import RunEnd, RunState, note_rate
 from rlctl.supervise.supervisor_log import SupervisorLog
 from rlctl.rundir import RunDir, remove_weight_board
 from rlctl.job.load import load_job
@@ -155,6 +155,7 @@ class Supervisor:
         figures = self.sink.take(h.spec.name, h.spec.role, msg)
         if figures is not None:
             h.metrics = figures
+            note_rate(h, time.time())
 
     def _wind_down(self) -> None:
         """Stop everything and write the run's end; each step runs whatever the one before it did."""

@@ -91,6 +91,7 @@ class ProcessHandle:
     exit_code: int | None = None
     last_heartbeat: float | None = None
     metrics: dict = field(default_factory=dict)
+    rate_samples: deque = field(default_factory=lambda: deque(maxlen=256))  # (time, rate) of its heartbeats
     kill_sent_at: float | None = None  # remote: when KILL went down the session
     started_at: float = 0.0
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
@@ -117,6 +118,7 @@ class ProcessHandle:
         self.pump = LogPump(self.popen.stdout, logs_dir / f"{self.spec.name}.log")
         self.pump.start()
         self.exit_code, self.last_heartbeat = None, None
+        self.rate_samples.clear()  # a new process: the last one's rates are not its own
         self.kill_sent_at, self.started_at = None, time.time()
         self.start_time = None if self.spec.remote else process_start_time(self.popen.pid)
 
@@ -218,7 +220,7 @@ class ProcessTable:
         # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
         self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
         self.lost_nodes: set[str] = set()  # and the SSH hosts lost now (self.watch)
-        self.watch, self.plan_control = HostWatch(spec, plan.run_id), plan.endpoints["control"]
+        self.watch, self.control_port = HostWatch(spec, plan.run_id), int(plan.endpoints["control"].rsplit(":")[-1])
         self.next_ping = 0.0
 
     def of_role(self, role: str) -> list[ProcessHandle]:
@@ -286,6 +288,7 @@ class ProcessTable:
         if self._can_lose(h):
             h.life.lose()
             h.metrics = {}
+            h.rate_samples.clear()
             return None
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
@@ -331,8 +334,7 @@ class ProcessTable:
             for h in mine:
                 cut_session(h)
                 target = next(x for x in self.spec.hosts if x.name == where[h.spec.name])
-                h.spec = moved(h.spec, target, target.advertise_address or target.destination,
-                               int(str(self.plan_control).rsplit(":", 1)[1]))
+                h.spec = moved(h.spec, target, target.advertise_address or target.destination, self.control_port)
                 h.life.moved(host, target.name, now, start_at, what="host")
                 h.metrics = {}
                 self.on_restart(h.spec.name)

@@ -35,6 +35,26 @@ RATE_KEYS = {  # the one figure shown per process in the live table
     Role.INFERENCE: (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
 }
 
+RATE_WINDOW_S = 10.0  # a process's rate is the mean of its heartbeats' over this long: no blink to 0.0 between them
+
+
+def note_rate(h: ProcessHandle, now: float) -> None:
+    """Keep the rate of `h`'s latest heartbeat (its role's RATE_KEYS figure) for the row's window."""
+    value = h.metrics.get(RATE_KEYS.get(h.spec.role, ("", ""))[0])
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        h.rate_samples.append((now, float(value)))
+
+
+def shown_rate(h: ProcessHandle, now: float) -> float | None:
+    """The rate a row shows: the mean over the last RATE_WINDOW_S of heartbeats (the evaluator's return: its
+    latest, being no rate); None before the first."""
+    if not h.rate_samples:
+        return None
+    if h.spec.role == Role.EVALUATOR:
+        return h.rate_samples[-1][1]
+    recent = [v for t, v in h.rate_samples if now - t <= RATE_WINDOW_S] or [h.rate_samples[-1][1]]
+    return sum(recent) / len(recent)
+
 
 @dataclass(frozen=True)
 class RunEnd:
@@ -48,12 +68,12 @@ class RunEnd:
 
 def process_row(h: ProcessHandle) -> dict:
     """One process's entry in state.json."""
-    key, unit = RATE_KEYS.get(h.spec.role, ("", ""))
+    _, unit = RATE_KEYS.get(h.spec.role, ("", ""))
     return {
         "name": h.spec.name, "role": h.spec.role, "rank": h.spec.rank, "host": h.spec.host,
         "pid": h.pid, "pgid": h.pid, "start_time": h.start_time, "state": h.life.state.shown,
         "restarts": h.life.restarts + int(h.metrics.get(M.LEARNER_RESTARTS, 0) or 0),
-        "exit_code": h.exit_code, "rate": h.metrics.get(key), "rate_unit": unit,
+        "exit_code": h.exit_code, "rate": shown_rate(h, time.time()), "rate_unit": unit,
         "last_heartbeat": h.last_heartbeat, "remote": h.spec.remote, "note": h.life.note,
     }
 

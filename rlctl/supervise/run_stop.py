@@ -71,6 +71,29 @@ def _stop_orphans(rd: RunDir, state: dict) -> bool:
     return clean
 
 
+def stop_sweep(sweep, timeout: float) -> bool:
+    """Stop a sweep: its scheduler (SIGTERM: it stops every trial, each keeping its checkpoints, and ends), then any
+    trial still live without it (a scheduler that died); False when something had to be killed."""
+    data = sweep.read()
+    pid = data.get("supervisor_pid")
+    clean = True
+    if sweep.status(data) not in OVER_STATES and same_process(pid, data.get("supervisor_start")):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + timeout
+        while time.time() < deadline and (sweep.status() not in OVER_STATES or pid_alive(pid)):
+            time.sleep(0.1)
+        clean = not pid_alive(pid)
+    for trial in sweep.trials():
+        rd = sweep.trial_dir(trial["id"])
+        state = rd.read_state()
+        if state is not None and rd.effective_status(state) not in TERMINAL_STATES | {RunStatus.CREATED}:
+            clean = stop_run(rd, timeout) and clean
+    if sweep.status() not in TERMINAL_STATES:
+        sweep.update(status=RunStatus.STOPPED, ended_at=time.time())
+    print(f"{sweep.sweep_id} {sweep.status()}")
+    return clean
+
+
 def supervised_by_batch_job(state: dict) -> bool:
     """A run submitted with --sbatch whose supervisor is (or will be) a batch job on another machine."""
     job = state.get("slurm_job_id")

@@ -11,7 +11,6 @@ import math
 import os
 import sys
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from rlctl.views import bottleneck
@@ -41,9 +40,9 @@ STATUS_STYLES = {
     RunStatus.FAILED: "bold red",
     RunStatus.LOST: "magenta",
     RunStatus.UNKNOWN: "dim",
+    RunStatus.PENDING: "dim",
 }
 # Colours for log sources; picked by a stable hash of the role so a role keeps its colour across runs.
-ROLE_PALETTE = ("cyan", "green", "yellow", "magenta", "blue", "bright_cyan", "bright_green", "bright_magenta")
 
 RUNS_COLUMNS = ["run", "job", "algorithm", "state", "started", "elapsed", "env steps", "mean return", "hosts"]
 PROCESS_COLUMNS = ["process", "role", "rank", "host", "pid", "state", "restarts", "rate", "heartbeat", "note"]
@@ -599,49 +598,6 @@ def progress_line(state: dict, now: float | None = None) -> str:
     return " ".join(parts)
 
 
-def _role_of(source: str) -> str:
-    """Role part of a source name ("collector-3" -> "collector")."""
-    role, sep, rank = source.rpartition("-")
-    return role if sep and rank.isdigit() else source
-
-
-def role_colour(source: str) -> str:
-    """Stable palette colour for a source's role (same role -> same colour, in every process)."""
-    # zlib.crc32, not hash(): str hashes are randomised per interpreter.
-    return ROLE_PALETTE[zlib.crc32(_role_of(source).encode()) % len(ROLE_PALETTE)]
-
-
-def _clock(ts: float) -> str:
-    """Local "HH:MM:SS.mmm" of an epoch time."""
-    try:
-        millis = int((ts % 1) * 1000)
-        return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{millis:03d}"
-    except (OverflowError, OSError, ValueError, TypeError):
-        return "??:??:??.???"
-
-
-def log_line_markup(source: str, text: str, ts: float, source_width: int = 0) -> "Text":
-    """Log line as rich Text: "HH:MM:SS.mmm source | text", prefix coloured by role; text never markup."""
-    from rich.text import Text
-
-    line = Text(f"{_clock(ts)} {source:<{source_width}} | ", style=role_colour(source))
-    # Process output may carry its own ANSI colours; decode those rather than printing escapes.
-    line.append_text(Text.from_ansi(text) if "\x1b" in text else Text(text))
-    return line
-
-
-def log_printer(as_json: bool = False):
-    """A function that prints one log entry (ts, source, text): as a coloured line, or as one JSON object."""
-    if as_json:
-        def show(entry: tuple[float, str, str]) -> None:
-            ts, source, text = entry
-            sys.stdout.write(json.dumps({"ts": round(ts, 3), "source": source, "text": text}) + "\n")
-            sys.stdout.flush()
-        return show
-    con = get_console()
-    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]))
-
-
 def progress_printer(interval_s: float = 5.0):
     """A display callback for non-TTY output: a progress line every interval_s and at the end."""
     last = [0.0]
@@ -653,6 +609,18 @@ def progress_printer(interval_s: float = 5.0):
             print(progress_line(state), flush=True)
 
     return show
+
+
+def target_reached(state: dict) -> bool:
+    """True for a run that finished on its target: a stop criterion other than a limit (wall time; env steps beside
+    a return target)."""
+    if state.get("status") != RunStatus.FINISHED or not state.get("exit_reason"):
+        return False
+    by = state.get("stopped_by") if isinstance(state.get("stopped_by"), dict) else {}
+    stop = state.get("stop") if isinstance(state.get("stop"), dict) else {}
+    if by.get("criterion") == "env_steps" and any(stop.get(k) is not None for k in ("eval_return", "train_return")):
+        return False  # a limit beside the return it was for
+    return by.get("criterion") != "wall_s" and not str(state["exit_reason"]).startswith("wall time")
 
 
 def compare_data(runs: list[RunDir]) -> dict[str, dict]:
@@ -676,8 +644,7 @@ def compare_data(runs: list[RunDir]) -> dict[str, dict]:
     out = {}
     for rd, job, s in zip(runs, jobs, states):
         m = _metrics(s)
-        reached = (s.get("status") == RunStatus.FINISHED and bool(s.get("exit_reason"))
-                   and not str(s["exit_reason"]).startswith("wall time"))
+        reached = target_reached(s)
         steps = _num(m.get(M.ENV_STEPS))
         out[rd.run_id] = {
             "job": {k: job.get(k) for k in differ},

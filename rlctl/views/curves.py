@@ -118,7 +118,11 @@ class PngError(ValueError):
 
 def png_out_problem(out: Path) -> str | None:
     """Why no PNG can be written at `out` (checked before any run is read), or None."""
+    import importlib.util
+
     out = Path(out)
+    if importlib.util.find_spec("matplotlib") is None:
+        return "--out needs matplotlib: pip install -e '.[plot]'"
     if out.is_dir():
         return f"--out {out}: a folder; give a file name (e.g. {out / 'curves.png'})"
     if not out.parent.is_dir():

@@ -47,3 +47,13 @@ class EpisodeProgress:
             self.stream.write("\r" + " " * self.shown + "\r")
             self.stream.flush()
             self.shown = 0
+
+
+def print_eval_result(path, result: dict, episodes: int, stochastic: bool) -> None:
+    """`rlctl eval`'s result for people: the mean ± std, then one line per episode."""
+    print(f"{path}: mean return {result['return_mean']:.1f} ± {result['return_std']:.1f} over {episodes} "
+          f"{'sampled' if stochastic else 'greedy'} episodes (min {result['return_min']:.1f}, "
+          f"max {result['return_max']:.1f})")
+    for i, (ret, length) in enumerate(zip(result["returns"], result["lengths"])):
+        print(f"  episode {i}: return {ret:.1f}, {length} steps"
+              + (f", {result['videos'][i]}" if "videos" in result else ""))

@@ -21,7 +21,7 @@ def next_steps(rundir: RunDir, status: str) -> list[str]:
     if status in (RunStatus.STOPPED, RunStatus.LOST) or (status == RunStatus.FAILED and has_checkpoint):
         lines.append(f"rlctl run --resume {run}")
     if status == RunStatus.FINISHED:
-        lines.append(f"rlctl run --resume {run} --until env_steps=N  (train on to a new target)")
+        lines.append(f"rlctl run --resume {run} --until env_steps=N")  # train on to a new target
     lines.append(f"rlctl logs {run}")
     if has_checkpoint or (rundir.checkpoints_dir / "best.pt").is_file():
         lines.append(f"rlctl eval {run}")

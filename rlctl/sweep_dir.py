@@ -1,0 +1,96 @@
+"""Sweep directories: a sweep's `sweep.json` (its trials, their values and seeds, its scheduler and status) and one
+ordinary run directory per trial under it::
+
+    <runs_dir>/<sweep-name>-<YYYYmmdd-HHMMSS>/
+        sweep.json  scheduler.log  t000/  t001/ ...   (each: job.toml plan.json state.json logs/ tb/ checkpoints/)
+
+A trial's folder holds its job.toml from the start; its state.json appears when the scheduler starts it.
+On the fast CLI path (`rlctl status`, `stop`, `compare`): standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlctl.durable import replace_bytes
+from rlctl.rundir import RunDir, RunNotFound, _read_json, status_of
+from rlctl.run_status import RunStatus
+
+SWEEP_JSON = "sweep.json"
+
+
+class SweepDir:
+    """Paths and state of one sweep directory."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.sweep_id = self.path.name
+        self.sweep_json = self.path / SWEEP_JSON
+        self.log = self.path / "scheduler.log"
+
+    def __repr__(self) -> str:
+        return f"SweepDir({str(self.path)!r})"
+
+    def read(self) -> dict:
+        """sweep.json ({} when missing or unreadable; never raises)."""
+        return _read_json(self.sweep_json) or {}
+
+    def write(self, data: dict) -> None:
+        """sweep.json, durably."""
+        replace_bytes(self.sweep_json, (json.dumps(data, indent=1, default=str) + "\n").encode())
+
+    def update(self, **changes) -> dict:
+        """sweep.json with `changes` applied (only its scheduler writes while it lives)."""
+        data = {**self.read(), **changes}
+        self.write(data)
+        return data
+
+    def trials(self) -> list[dict]:
+        """The trials as sweep.json lists them: id, values, seed."""
+        listed = self.read().get("trials")
+        return [t for t in listed if isinstance(t, dict) and isinstance(t.get("id"), str)] if isinstance(
+            listed, list) else []
+
+    def trial_dir(self, trial_id: str) -> RunDir:
+        """The run directory of one trial."""
+        return RunDir(self.path / trial_id)
+
+    def status(self, data: dict | None = None) -> str:
+        """The sweep's status: its scheduler's word, `lost` when the scheduler died without one."""
+        return status_of(self.read() if data is None else data)
+
+
+def trial_status(rundir: RunDir) -> str:
+    """A trial's status: its run's, or pending while its run has not begun."""
+    state = rundir.read_state()
+    return RunStatus.PENDING if state is None else status_of(state)
+
+
+def is_sweep(path: Path) -> bool:
+    """True for a folder holding a sweep.json."""
+    return (Path(path) / SWEEP_JSON).is_file()
+
+
+def list_sweeps(root: Path) -> list[SweepDir]:
+    """Every sweep under root, by id (oldest first: ids end with their start time)."""
+    try:
+        return [SweepDir(p) for p in sorted(Path(root).iterdir()) if is_sweep(p)]
+    except OSError:
+        return []
+
+
+def find_sweep(root: Path, name: str | None) -> SweepDir | None:
+    """The sweep an id, unique id prefix or path names; None when it names no sweep (it may name a run). A prefix of
+    several sweeps is RunNotFound."""
+    if not name:
+        return None
+    if is_sweep(Path(name)) and ("/" in name or not (Path(root) / name).exists()):
+        return SweepDir(Path(name))
+    if "/" not in name and is_sweep(Path(root) / name):
+        return SweepDir(Path(root) / name)
+    matches = [s for s in list_sweeps(root) if s.sweep_id.startswith(name)]
+    if len(matches) > 1:
+        raise RunNotFound(f"{name!r} matches {len(matches)} sweeps: {', '.join(s.sweep_id for s in matches)}; "
+                          "give more of the sweep id")
+    return matches[0] if matches else None

@@ -1,0 +1,176 @@
+"""Sweeps (`rlctl sweep`): a bad sweep file refused before anything starts, naming the file, the parameter and the
+trial; the trials listed by `rlctl plan`; a small PPO sweep run to its end with one command and ranked by `rlctl
+compare`; a killed scheduler's trials stopped with their checkpoints and continued, none from zero, by `rlctl run
+--resume SWEEP`; `rlctl stop SWEEP`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import pid_alive, run_cli, wait_for
+from jobfiles import shipped_job
+from rlctl import events
+
+
+def _sweep_file(directory: Path, body: str, base: str = "base.toml", head: str = "") -> Path:
+    f = directory / "sweep.toml"
+    f.write_text(f'[sweep]\nbase = "{base}"\n{head}\n[sweep.params]\n{body}\n')
+    return f
+
+
+def _base(directory: Path, stop: str = "train_return = 150.0\nwall_s = 120") -> Path:
+    return shipped_job(directory, "ppo", stop=stop, file_name="base.toml")
+
+
+@pytest.mark.parametrize("body, head, says", [
+    ('"algorithm.lrr" = [1e-3, 2e-3]', "", [r"sweep\.params\.'algorithm\.lrr'", r"trial t000 \(algorithm\.lrr=0\.001",
+                                            r"unknown key 'lrr' \(did you mean 'lr'\?\)", r"and 1 more trials"]),
+    ('"algorithm.lr" = []', "", [r"sweep\.params\.'algorithm\.lr': an empty grid"]),
+    # Only the second grid value is refused: the message names that trial, not the first.
+    ('"algorithm.clip" = [0.2, 20.0]', "seeds = [1, 2]",
+     [r"sweep\.params\.'algorithm\.clip'", r"trial t002 \(algorithm\.clip=20, seed 1\)", r"less than or equal to 10",
+      r"and 1 more trials"]),
+    ('"algorithm.ent_coef" = { log_uniform = [0, 1] }', "trials = 2", [r"log_uniform: bounds above 0"]),
+    ('"algorithm.lr" = [1e-3]', "trials = 3", [r"sweep\.trials: draws from distributions"]),
+    ('"algorithm.lr" = { normal = [0, 1] }', "", [r"sweep\.params\.'algorithm\.lr': a list \(a grid axis\) or one"]),
+])
+def test_a_bad_sweep_file_exits_2_naming_file_parameter_and_trial_and_starts_nothing(tmp_path, body, head, says):
+    _base(tmp_path)
+    f = _sweep_file(tmp_path, body, head=head)
+    runs = tmp_path / "runs"
+    for args in (["sweep", str(f)], ["plan", str(f)]):
+        proc = run_cli([*args, "--runs-dir", str(runs)], expected_exit=2)
+        assert proc.stderr.startswith(f"{f}: invalid sweep file"), proc.stderr
+        for pattern in says:
+            assert re.search(pattern, proc.stderr), (pattern, proc.stderr)
+        assert "Traceback" not in proc.stderr
+    assert not runs.exists()  # nothing was made, let alone started
+
+
+def test_a_sweep_without_its_base_job_names_the_missing_file(tmp_path):
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3]', base="nowhere.toml")
+    proc = run_cli(["sweep", str(f), "--runs-dir", str(tmp_path / "runs")], expected_exit=2)
+    assert f"sweep.base: {tmp_path / 'nowhere.toml'}: file not found" in proc.stderr
+
+
+def test_plan_lists_every_trial_grid_times_draws_times_seeds_the_same_each_time(tmp_path):
+    _base(tmp_path)
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 4e-3]\n"algorithm.ent_coef" = { log_uniform = [1e-4, 1e-1] }',
+                    head="seeds = [1, 2]\ntrials = 2")
+    first = json.loads(run_cli(["plan", str(f), "--json"]).stdout)
+    assert json.loads(run_cli(["plan", str(f), "--json"]).stdout) == first  # a seeded RNG draws the values
+    trials = first["trials"]
+    assert [t["id"] for t in trials] == [f"t{i:03d}" for i in range(8)]
+    assert [(t["values"]["algorithm.lr"], t["seed"]) for t in trials[:4]] == [(1e-3, 1), (1e-3, 2), (4e-3, 1),
+                                                                             (4e-3, 2)]
+    draws = sorted({t["values"]["algorithm.ent_coef"] for t in trials})
+    assert len(draws) == 2 and all(1e-4 <= d <= 1e-1 for d in draws)
+    table = run_cli(["sweep", "--plan", str(f)], env={"COLUMNS": "120"}).stdout
+    assert "8 trials" in table and re.search(r"t007 +0\.004 +[\d.e-]+ +2", table), table
+
+
+def _trials(runs: Path) -> tuple[Path, list[dict]]:
+    sweep = next(p for p in runs.iterdir() if (p / "sweep.json").is_file())
+    return sweep, json.loads((sweep / "sweep.json").read_text())["trials"]
+
+
+def _state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow
+def test_a_ppo_sweep_runs_to_its_end_with_one_command_and_compare_ranks_by_time_to_target(tmp_path):
+    """2 learning rates x 2 seeds, 2 at once (a smaller version of jobs/sweep-ppo.toml's 4 x 2 for CI): the ones
+    that reach the target rank first, by their time to it."""
+    _base(tmp_path, stop="train_return = 100.0\nenv_steps = 20000\nwall_s = 120")
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-5, 4e-3]', head="seeds = [1, 2]\nmax_concurrent = 2")
+    runs = tmp_path / "runs"
+    proc = run_cli(["sweep", str(f), "--runs-dir", str(runs)], timeout=400, env={"COLUMNS": "120"})
+    sweep, trials = _trials(runs)
+    assert re.search(r"\| finished \| 4 trials: 4 finished", proc.stdout), proc.stdout
+    states = {t["id"]: _state(sweep / t["id"]) for t in trials}
+    assert {s["job"] for s in states.values()} == {"ppo-cartpole"} and len(states) == 4
+    # Never more than 2 at once: each trial began after all but one of those before it had ended.
+    spans = sorted((s["started_at"], s["ended_at"]) for s in states.values())
+    assert all(sum(end > start for _, end in spans[:i]) <= 1 for i, (start, _) in enumerate(spans)), spans
+    ranked = json.loads(run_cli(["compare", sweep.name, "--runs-dir", str(runs), "--json"]).stdout)
+    order = list(ranked)
+    assert [ranked[t]["job"]["algorithm.lr"] for t in order] == [4e-3, 4e-3, 1e-5, 1e-5], ranked
+    times = [ranked[t]["time_to_target_s"] for t in order]
+    assert times[0] <= times[1] and times[2] is None and times[3] is None, times
+    status = run_cli(["status", sweep.name, "--runs-dir", str(runs)], env={"COLUMNS": "120"}).stdout
+    assert re.search(r"t00[23] +lr=0\.004 seed=[12] +finished +100%", status), status
+
+
+@pytest.mark.slow
+def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_none_from_zero(tmp_path):
+    _base(tmp_path)
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [4e-3]', head="seeds = [1, 2, 3]\nmax_concurrent = 2")
+    runs = tmp_path / "runs"
+    sweep_id = run_cli(["sweep", str(f), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    sweep = runs / sweep_id
+    scheduler = wait_for(lambda: json.loads((sweep / "sweep.json").read_text()).get("supervisor_pid"), what="pid")
+    begun = ["t000", "t001"]
+
+    def learning(t: str) -> bool:
+        return (_state(sweep / t).get("metrics") or {}).get("charts/env_steps", 0) >= 1500
+    wait_for(lambda: all(learning(t) for t in begun), timeout=120, what="both first trials learning")
+    supervisors = [_state(sweep / t)["supervisor_pid"] for t in begun]
+    os.kill(scheduler, signal.SIGKILL)
+    # Each trial's supervisor is told to stop by the kernel: a graceful stop, a last checkpoint.
+    wait_for(lambda: all(_state(sweep / t).get("status") == "stopped" for t in begun), timeout=90, what="stopped")
+    wait_for(lambda: not any(pid_alive(p) for p in supervisors), timeout=30, what="trial supervisors gone")
+    assert not (sweep / "t002" / "state.json").exists()  # never begun
+    steps = {t: _state(sweep / t)["metrics"]["charts/env_steps"] for t in begun}
+    assert all((sweep / t / "checkpoints" / "latest.pt").is_file() for t in begun)
+    status = run_cli(["status", sweep_id, "--runs-dir", str(runs)], env={"COLUMNS": "120"}).stdout
+    assert re.search(r"\| lost \| 3 trials: 2 stopped, 1 pending", status), status
+
+    run_cli(["run", "--resume", sweep_id, "--runs-dir", str(runs)], timeout=400)
+    for t in begun:
+        state = _state(sweep / t)
+        assert state["status"] == "finished" and len(state["segments"]) == 2, state
+        assert state["metrics"]["charts/env_steps"] > steps[t]
+        resumed = [e for e in events.read(sweep / t / "logs" / "learner-0.log") if e.name == "resumed"]
+        assert resumed and resumed[-1].fields["update"] > 0, t  # from its checkpoint, not from zero
+    assert _state(sweep / "t002")["status"] == "finished" and len(_state(sweep / "t002")["segments"]) == 1
+    assert json.loads((sweep / "sweep.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_stop_of_a_sweep_stops_its_scheduler_and_every_trial_keeping_checkpoints(tmp_path):
+    _base(tmp_path, stop="train_return = 475.0\nwall_s = 300")
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [4e-3, 2e-3]', head="max_concurrent = 2")
+    runs = tmp_path / "runs"
+    sweep_id = run_cli(["sweep", str(f), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    sweep = runs / sweep_id
+    wait_for(lambda: all(_state(sweep / t).get("status") == "running" for t in ("t000", "t001")), timeout=120,
+             what="both trials running")
+    scheduler = json.loads((sweep / "sweep.json").read_text())["supervisor_pid"]
+    proc = run_cli(["stop", sweep_id, "--runs-dir", str(runs)], timeout=120)
+    assert f"{sweep_id} stopped" in proc.stdout
+    assert not pid_alive(scheduler)
+    for t in ("t000", "t001"):
+        assert _state(sweep / t)["status"] == "stopped"
+        assert (sweep / t / "checkpoints" / "latest.pt").is_file()
+
+
+def test_a_trial_supervisor_ends_with_the_process_that_started_it(tmp_path):
+    """rlctl.supervise.tethered_run exits at once when its parent is already gone (the kernel's parent-death
+    signal covers a parent that dies later): a scheduler killed mid-start leaves no trial behind."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = subprocess.run([sys.executable, "-m", "rlctl.supervise.tethered_run", str(gone.pid), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
