@@ -96,14 +96,22 @@ def live_processes(state: dict) -> list[str]:
 
 
 def as_read(state: dict | None, now: float | None = None) -> dict:
-    """The state as the views show it: the effective status, a lost run's unsettled processes `lost`, `started_at`
-    the first segment's and `elapsed_s` over every segment."""
+    """The state as the views show it: the effective status (a preempted run that Slurm holds pending again:
+    queued), a lost run's unsettled processes `lost`, `started_at` the first segment's and `elapsed_s` over every
+    segment."""
     state = dict(state) if isinstance(state, dict) else {}
     status = status_of(state) if state else RunStatus.UNKNOWN
     state["status"] = status
     if status == RunStatus.LOST and isinstance(state.get("processes"), list):
         state["processes"] = [{**p, "state": RunStatus.LOST} if isinstance(p, dict) and
                               p.get("state") not in SETTLED_PROCESS_STATES else p for p in state["processes"]]
+    preemptions = state.get("preemptions") if isinstance(state.get("preemptions"), list) else []
+    last = preemptions[-1] if preemptions and isinstance(preemptions[-1], dict) else {}
+    if status == RunStatus.PREEMPTED and last.get("requeued") is True:
+        from rlctl.slurm_queue import job_pending
+
+        if job_pending(state.get("slurm_job_id")):
+            state["status"] = RunStatus.QUEUED  # requeued, waiting for its next allocation
     state["started_at"] = first_started(state)
     state["elapsed_s"] = elapsed_s(state, now)
     return state

@@ -24,8 +24,9 @@ from rlctl.run_status import RunStatus
 from rlctl.role_names import Role
 
 TERMINAL_STATES = frozenset({RunStatus.FINISHED, RunStatus.STOPPED, RunStatus.FAILED})
-# Statuses after which nothing new will be written to the run directory.
-OVER_STATES = TERMINAL_STATES | {RunStatus.LOST}
+# Statuses after which nothing new will be written to the run directory by the supervisor that wrote them (a
+# preempted run's next allocation, or `run --resume`, starts a new segment).
+OVER_STATES = TERMINAL_STATES | {RunStatus.LOST, RunStatus.PREEMPTED}
 REMOTE_SUPERVISOR_STALE_S = 30.0  # a supervisor on another host that has not written state.json for this long is lost
 
 RUNS_DIR_ENV = "RLCTL_RUNS_DIR"
@@ -99,8 +100,8 @@ def status_of(state: dict | None) -> str:
     if not isinstance(state, dict):
         return RunStatus.UNKNOWN
     status = state.get("status") or RunStatus.UNKNOWN
-    if status in TERMINAL_STATES or status == RunStatus.UNKNOWN:
-        return status
+    if status in TERMINAL_STATES or status in (RunStatus.UNKNOWN, RunStatus.PREEMPTED):
+        return status  # a supervisor's last word (preempted: it is gone, and meant to be)
     pid = state.get("supervisor_pid")
     host = state.get("supervisor_host")
     if isinstance(host, str) and host != socket.gethostname():

@@ -48,8 +48,11 @@ def unavailable() -> str | None:
 class SlurmLab:
     """slurmctld + one slurmd per HostLab host; `env` is the environment for Slurm's commands on the login node."""
 
-    def __init__(self, root: Path, count: int, cpus_per_node: int = 8):
+    def __init__(self, root: Path, count: int, cpus_per_node: int = 8, cred_expire_s: int | None = None):
         self.hostlab = HostLab(root, count)
+        # A step credential's lifetime, which is also how long a requeued job waits before it may start again
+        # (Slurm's default: 120 s).
+        self.cred_expire_s = cred_expire_s
         self.root = self.hostlab.root / "slurm"
         self.cpus = cpus_per_node
         self.nodes: list[str] = []
@@ -103,7 +106,7 @@ SlurmctldPort={port}
 SlurmdPort=6818
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={d}/munge/munge.socket
+AuthInfo=socket={d}/munge/munge.socket{f",cred_expire={self.cred_expire_s}" if self.cred_expire_s else ""}
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state

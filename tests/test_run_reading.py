@@ -192,3 +192,28 @@ def test_ages_for_prune(age, seconds):
     from rlctl.run_housekeeping import parse_age
 
     assert parse_age(age) == seconds
+
+
+def test_a_preempted_run_stays_preempted_offers_resume_and_shows_queued_while_slurm_holds_it(tmp_path, monkeypatch):
+    # Its supervisor is gone, on purpose: not lost, however long ago it wrote.
+    run = make_run(tmp_path, status="preempted", supervisor_pid=dead_pid(), supervisor_host="node-1",
+                   updated_at=T0, slurm_job_id=42, segments=[{"started_at": T0, "ended_at": T0 + 30}],
+                   preemptions=[{"at": T0 + 30, "reason": "Slurm job 42 nears its time limit (SIGUSR1)",
+                                 "requeued": True}])
+    not_requeued = make_run(tmp_path, job="other", status="preempted", slurm_job_id=42,
+                            preemptions=[{"requeued": False}])
+    assert run.effective_status() == "preempted"
+    assert f"rlctl run --resume {run.run_id}" in next_steps(run, "preempted")
+    # A login node without Slurm's commands: shown as it is.
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    assert run_reading.as_read(run.read_state())["status"] == "preempted"
+    # Slurm holds the requeued job pending: queued (a fake squeue answering for job 42 only).
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "squeue").write_text('#!/bin/sh\n[ "$3" = 42 ] && echo PENDING\n')
+    (fake / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    seen = run_reading.as_read(run.read_state())
+    assert seen["status"] == "queued" and seen["elapsed_s"] == 30
+    assert next_steps(run, seen["status"])[0] == f"rlctl watch {run.run_id}"
+    assert run_reading.as_read(not_requeued.read_state())["status"] == "preempted"

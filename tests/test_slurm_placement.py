@@ -115,3 +115,19 @@ def test_sbatch_script_and_its_refusals(tmp_path):
 def test_detach_inside_salloc_is_refused_for_sbatch():
     out = run_cli(["run", "--detach", str(REPO / "jobs" / "apex-slurm.toml")], expected_exit=2)
     assert "--sbatch" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_batch_script_asks_for_the_time_limit_warning_and_requeue(tmp_path):
+    script = sbatch_script("/runs/x", "apex", "/venv/bin/python", "/home/me", 3, {}, signal_grace_s=90, requeue=True)
+    assert "#SBATCH --signal=B:USR1@90" in script and "#SBATCH --requeue" in script
+    assert "#SBATCH --open-mode=append" in script  # each allocation's output after the last one's
+    script = sbatch_script("/runs/x", "apex", "/venv/bin/python", "/home/me", 3, {}, signal_grace_s=0, requeue=False)
+    assert "--signal" not in script and "#SBATCH --no-requeue" in script
+    job = REPO / "jobs" / "apex-slurm.toml"
+    shown = run_cli(["plan", "--sbatch", str(job), "--runs-dir", str(tmp_path)]).stdout
+    assert "#SBATCH --signal=B:USR1@120" in shown and "#SBATCH --requeue" in shown  # the defaults
+    bad = tmp_path / "bad.toml"
+    bad.write_text(job.read_text() + "signal_grace_s = 70000\n" if "[cluster]" in job.read_text().splitlines()[-8:]
+                   else job.read_text().replace("[cluster]\n", "[cluster]\nsignal_grace_s = 70000\n", 1))
+    out = run_cli(["validate", str(bad)], expected_exit=2)
+    assert "cluster.signal_grace_s" in out.stderr and "Traceback" not in out.stderr

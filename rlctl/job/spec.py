@@ -353,6 +353,13 @@ class ClusterSpec(Section):
     sbatch_options: dict[str, str] = {}
     """Slurm: extra `#SBATCH --KEY=VALUE` lines for `rlctl run --sbatch` (e.g. `{ qos = "high" }`); `--partition`,
     `--time` and `--account` given on the command line win."""
+    signal_grace_s: Annotated[int, Field(ge=0, le=65535)] = 120
+    """Slurm: seconds before the allocation's time limit at which Slurm warns the supervisor (`--signal=B:USR1@N`;
+    Slurm may send it up to 60 s earlier): the run then checkpoints everything and ends its segment as `preempted`.
+    0: no warning."""
+    requeue: bool = True
+    """Slurm, `rlctl run --sbatch`: a preempted batch job (its time limit near, or Slurm preempting or requeueing it)
+    is requeued and its next allocation resumes the same run directory, as `rlctl run --resume` does."""
 
     @field_validator("sbatch_options")
     @classmethod

@@ -48,6 +48,7 @@ class LaunchInput:
     rundir: RunDir | None = None
     resumed: dict | None = None  # what a resumed run continues from (resume.previous_segment)
     lock: RunLock | None = None  # a resumed run's lock, held until its state says "created"
+    batch: bool = False  # the supervisor is a Slurm batch job's (`--sbatch`): a preemption may requeue it
 
 
 def launch_input(job_file: Path | None, runs_dir: Path | None = None, resume: bool = False, job: Path | None = None,
@@ -61,7 +62,12 @@ def launch_input(job_file: Path | None, runs_dir: Path | None = None, resume: bo
         return LaunchInput(spec, rundir, resumed, lock)
     if slurm_run_dir is not None:
         rundir = RunDir(slurm_run_dir.resolve())
-        return LaunchInput(load_job(rundir.job_toml), rundir)
+        if (rundir.read_state() or {}).get("status", RunStatus.QUEUED) == RunStatus.QUEUED:
+            return LaunchInput(load_job(rundir.job_toml), rundir, batch=True)
+        from rlctl.launch.resume import prepare_batch_restart  # a requeued job's next allocation
+
+        spec, resumed, lock = prepare_batch_restart(rundir)
+        return LaunchInput(spec, rundir, resumed, lock, batch=True)
     if job_file is None:
         raise LaunchRefused("rlctl run: give a job file (or --resume [RUN])")
     if job is not None or until:
@@ -147,14 +153,14 @@ def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = Fal
         if any(not h.is_local for h in spec.hosts):
             preflight(spec, plan_in("preflight", "preflight"))
         rundir = given.rundir or RunDir.create(runs_root(runs_dir).resolve(), spec.job.name)
-        _write_run(rundir, spec, plan_in(rundir.run_id, str(rundir.path)), given.resumed)
+        _write_run(rundir, spec, plan_in(rundir.run_id, str(rundir.path)), given.resumed, given.batch)
         return rundir
     finally:
         if given.lock is not None:
             given.lock.release()
 
 
-def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | None) -> None:
+def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | None, batch: bool = False) -> None:
     """The run directory's job, secrets, plan and first state."""
     rundir.write_job(dumps_toml(resolved_dict(spec)))  # hosts[].env values masked
     secrets_of_hosts = host_secrets(spec)
@@ -169,7 +175,8 @@ def _write_run(rundir: RunDir, spec: JobSpec, plan: LaunchPlan, resumed: dict | 
                         "status": RunStatus.CREATED, "started_at": earlier[0]["started_at"] if earlier else time.time(),
                         "processes": [], "metrics": {}, "hosts": [h["name"] for h in plan.hosts],
                         **({"resumed": resumed, "segments": earlier} if resumed else {}),
-                        **({"slurm_job_id": slurm_job} if slurm_job else {})})
+                        **({"slurm_job_id": slurm_job} if slurm_job else {}),
+                        **({"slurm_batch": True} if batch else {})})
 
 
 def abandon_unstarted(rundir: RunDir, reason: str) -> None:

@@ -7,11 +7,12 @@ each shard's snapshot); this module decides what may change between segments and
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from rlctl import metric_names as M
-from rlctl.rundir import OVER_STATES, RunBusy, RunDir, RunLock, resolve_run, runs_root, status_of
+from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunBusy, RunDir, RunLock, resolve_run, runs_root, status_of
 from rlctl.run_reading import closed_segments, live_processes
 from rlctl.run_status import RunStatus
 from rlctl.job.load import load_job, validate_job
@@ -81,14 +82,17 @@ def job_for_resume(old: JobSpec, new: JobSpec | None, until: dict[str, object], 
     return with_host_secrets(validate_job(data, "--until"), host_secrets(spec))
 
 
-def previous_segment(rundir: RunDir) -> dict:
+def previous_segment(rundir: RunDir, supervisor_gone: bool = False) -> dict:
     """What the next supervisor continues from: env steps, episodes, the segments so far (each closed: a lost one
-    ends at its last state write) and how the run stands. ResumeRefused while the run (or a process of it) is
-    still alive."""
+    ends at its last state write), its preemptions and how the run stands. ResumeRefused while the run (or a
+    process of it) is still alive; `supervisor_gone`: its supervisor is known to be gone, whatever state.json says
+    (Slurm started its batch job again), so the run is lost unless it said how it ended."""
     state = rundir.read_state()
     if state is None:
         raise ResumeRefused(f"{rundir.run_id} has no readable state.json")
     status = status_of(state)
+    if supervisor_gone and status not in OVER_STATES:
+        status = RunStatus.LOST
     if status not in OVER_STATES:
         raise ResumeRefused(f"{rundir.run_id} is {status} (supervisor pid {state.get('supervisor_pid')}); "
                             f"stop it first: rlctl stop {rundir.run_id}")
@@ -96,8 +100,10 @@ def previous_segment(rundir: RunDir) -> dict:
     if alive:
         raise ResumeRefused(f"processes of {rundir.run_id} are still running: {', '.join(alive)}")
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
+    preemptions = state.get("preemptions")
     return {"env_steps": _count(metrics.get(M.ENV_STEPS)), "episodes": _count(metrics.get(M.EPISODES)),
-            "segments": closed_segments(state), "status": status, "exit_reason": state.get("exit_reason")}
+            "segments": closed_segments(state), "status": status, "exit_reason": state.get("exit_reason"),
+            "preemptions": [p for p in preemptions if isinstance(p, dict)] if isinstance(preemptions, list) else []}
 
 
 def _count(value: object) -> int:
@@ -148,3 +154,29 @@ def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None
     print(f"rlctl: resuming {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps",
           file=sys.stderr)
     return rundir, spec, resumed, lock
+
+
+def prepare_batch_restart(rundir: RunDir, env: dict | None = None) -> tuple[JobSpec, dict, RunLock]:
+    """(job, what it continues from, the run's lock) for a Slurm batch job started again (requeued after a
+    preemption, or after a node failure): the same run directory resumed with the same job, as `run --resume`
+    does. ResumeRefused for a run that is over (finished, stopped, failed: nothing to do) or still alive."""
+    env = os.environ if env is None else env
+    lock = rundir.lock()
+    try:
+        state = rundir.read_state() or {}
+        if status_of(state) in TERMINAL_STATES:
+            raise ResumeRefused(f"{rundir.run_id} is {status_of(state)}: Slurm job {env.get('SLURM_JOB_ID')} has "
+                                "nothing to run")
+        # A batch job's script runs in one allocation at a time: once Slurm starts it again, the supervisor of
+        # its last allocation is gone, whatever it last wrote.
+        same_job = str(state.get("slurm_job_id")) == str(env.get("SLURM_JOB_ID"))
+        restarted = same_job and str(env.get("SLURM_RESTART_COUNT") or "0") not in ("", "0")
+        resumed = previous_segment(rundir, supervisor_gone=restarted)
+        spec = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
+        refuse_spent_targets(rundir, spec, spec, resumed, {})
+    except BaseException:
+        lock.release()
+        raise
+    print(f"rlctl: Slurm job {env.get('SLURM_JOB_ID')} (start {int(str(env.get('SLURM_RESTART_COUNT') or 0)) + 1}) "
+          f"resumes {rundir.run_id} ({resumed['status']}) from {resumed['env_steps']} env steps", file=sys.stderr)
+    return spec, resumed, lock

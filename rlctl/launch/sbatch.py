@@ -1,5 +1,5 @@
 """`rlctl run --sbatch` and `rlctl plan --sbatch`: a run submitted to Slurm as a batch job. Its run directory is made
-here (status "queued"); the batch script starts `rlctl run --slurm-run-dir` inside the allocation, whose supervisor
+here (status queued); the batch script starts `rlctl run --slurm-run-dir` inside the allocation, whose supervisor
 then runs the job there."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def batch_script(spec: JobSpec, run_dir: str, nodes: int | None, options: dict[s
     """The batch script of a Slurm job (options as sbatch_options made them): `nodes` nodes, by default
     cluster.node_count, else the learner nodes and one more."""
     count = nodes or spec.cluster.node_count or spec.cluster.learner_nodes + 1
-    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count, options)
+    return sbatch_script(run_dir, spec.job.name, local_python(), os.getcwd(), count, options,
+                         spec.cluster.signal_grace_s, spec.cluster.requeue)
 
 
 def script_to_show(spec: JobSpec, runs_dir: Path | None, nodes: int | None, options: dict) -> str:
@@ -62,6 +63,6 @@ def submit_run(spec: JobSpec, runs_dir: Path | None, nodes: int | None, options:
         rundir.write_state({**first, "status": RunStatus.FAILED, "exit_reason": f"not submitted: {exc}",
                             "started_at": time.time(), "ended_at": time.time(), "processes": [], "metrics": {}})
         raise
-    rundir.write_state({**first, "status": "queued", "slurm_job_id": job_id, "started_at": time.time(),
+    rundir.write_state({**first, "status": RunStatus.QUEUED, "slurm_job_id": job_id, "started_at": time.time(),
                         "processes": [], "metrics": {}})
     return rundir, job_id

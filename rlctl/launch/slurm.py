@@ -154,12 +154,18 @@ def with_allocation(spec: JobSpec, alloc: Allocation, python: str, workdir: str)
 
 
 def sbatch_script(run_dir: str, job: str, python: str, workdir: str, nodes: int,
-                  options: dict[str, str]) -> str:
+                  options: dict[str, str], signal_grace_s: int = 0, requeue: bool = False) -> str:
     """The batch script `rlctl run --sbatch` submits: the allocation's first node runs the supervisor, whose
-    processes are steps of the same job. `--no-kill`: a node lost mid-run ends its steps, not the job."""
+    processes are steps of the same job. `--no-kill`: a node lost mid-run ends its steps, not the job. With
+    `signal_grace_s`, Slurm sends the supervisor (the batch shell, `B:`) SIGUSR1 that long before the time limit;
+    `requeue` lets the job be requeued (each start appends to the same output file)."""
     lines = ["#!/bin/bash", f"#SBATCH --job-name={shlex.quote('rlctl-' + job)}", f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1", "#SBATCH --no-kill", f"#SBATCH --chdir={shlex.quote(workdir)}",
              f"#SBATCH --output={shlex.quote(run_dir + '/slurm-%j.out')}"]
+    if signal_grace_s and "signal" not in options:
+        lines.append(f"#SBATCH --signal=B:USR1@{signal_grace_s}")
+    if "requeue" not in options and "no-requeue" not in options:
+        lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if requeue else ["#SBATCH --no-requeue"]
     lines += [f"#SBATCH --{key}={shlex.quote(value)}" for key, value in sorted(options.items())]
     lines += ["", "# The keys of the job's sockets are made by the supervisor below, never by this script.",
               f"exec {shlex.quote(python)} -m rlctl run --slurm-run-dir {shlex.quote(run_dir)}", ""]

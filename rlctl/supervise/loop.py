@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from rlctl import metric_names as M
 from rlctl.net import wire
 from rlctl.net.control import ControlMessage
 from rlctl.supervise.control_router import ControlRouter, issue_keys
@@ -23,6 +24,7 @@ from rlctl.metrics import MetricsHub
 from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.process_start import ProcessStarter
+from rlctl.supervise.preemption import Preemption
 from rlctl.supervise.process_table import ProcessHandle, ProcessTable
 from rlctl.supervise.remote_cleanup import finish_remote
 from rlctl.supervise.run_state import RunEnd, RunState, note_rate
@@ -61,7 +63,7 @@ class Supervisor:
     """Runs one plan to its end: finished, stopped or failed."""
 
     def __init__(self, spec: JobSpec, plan: LaunchPlan, rundir: RunDir, keys: wire.CurveKeys,
-                 display=None, resumed: dict | None = None):
+                 display=None, resumed: dict | None = None, batch: bool = False):
         self.spec, self.plan, self.rundir = spec, plan, rundir
         self.keys, self.process_keys = issue_keys(keys, plan.processes)
         hub = MetricsHub(spec.job.stop.train_return_window)
@@ -70,6 +72,10 @@ class Supervisor:
                                     {"hello": self._on_hello, "heartbeat": self._on_heartbeat})
         self.sink = MetricsSink(spec, plan.run_id, rundir, hub, resumed, own_losses=self.router.losses)
         self.run_state = RunState(spec, plan, rundir, self.table, self.sink, resumed, display)
+        # A Slurm allocation ending under the run (time limit, preemption): rlctl.supervise.preemption.
+        self.preemption = Preemption(self.table.slurm_job, batch, spec.cluster.requeue,
+                                     (resumed or {}).get("preemptions"))
+        self.run_state.annotations = self.preemption.document
         self.starter = ProcessStarter(spec, plan, rundir, self.process_keys, self.table.slurm_job)
         self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
@@ -78,12 +84,14 @@ class Supervisor:
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
+        self.preemption.on_signal(signum)
         if self.run_state.exit_reason is None:
             self.run_state.exit_reason = f"stopped by {signal.Signals(signum).name}"
 
     def run(self) -> int:
         """Start everything, supervise until a stop, shut down. Returns the exit code (0 ok, 1 failed)."""
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        stops = (signal.SIGINT, signal.SIGTERM, *self.preemption.signals())
+        old = {s: signal.signal(s, self._on_signal) for s in stops}
         remove_temporaries(self.rundir.path)  # what a killed supervisor was writing
         try:
             self._start_and_watch()
@@ -163,7 +171,15 @@ class Supervisor:
         # A run says it is over (finished, failed, stopped) only once shutdown is done (final checkpoints written,
         # every process gone, all their output in the logs): whoever waits for that may then read the run's files.
         ending = state.status
-        if ending in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED):
+        preempted = ending not in (RunStatus.FINISHED, RunStatus.FAILED) and self.preemption.decide(
+            self.sink.figures().get(M.ENV_STEPS))
+        if preempted:
+            state.exit_reason = f"preempted: {preempted}"
+        if preempted and self.preemption.job_ending:
+            # Slurm kills every process of the job KillWait (30 s by default) after its SIGTERM: the run says how it
+            # stands now, not after a shutdown that may be cut short (the processes checkpoint on that SIGTERM).
+            state.status, state.ended_at = RunStatus.PREEMPTED, time.time()
+        elif ending in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED):
             state.status = RunStatus.STOPPING
         self.log.write(f"stopping: {state.exit_reason or 'the run ended'}")
         self.table.watch.close()
@@ -175,7 +191,8 @@ class Supervisor:
             self.table.kill_everything()
         state.ended_at = time.time()
         if state.status == RunStatus.STOPPING:
-            state.status = ending if ending in (RunStatus.FINISHED, RunStatus.FAILED) else RunStatus.STOPPED
+            state.status = ending if ending in (RunStatus.FINISHED, RunStatus.FAILED) else (
+                RunStatus.PREEMPTED if preempted else RunStatus.STOPPED)
         self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.segment_started_at))
         self.starter.close()
         for name in self.table.undrained():
@@ -183,6 +200,9 @@ class Supervisor:
         self.log.end(state.status, state.exit_reason, state.elapsed_before + state.ended_at - state.segment_started_at)
         state.publish_final()
         self.router.close()
+        if self.preemption.requeue_job() is not None:  # Slurm refused: resumed by hand (`rlctl run --resume`)
+            state.exit_reason += f"; not requeued: {self.preemption.record['requeue_error']}"
+            state.publish_final()
 
     def _guarded(self, step) -> None:
         """Run one shutdown step; a failure is recorded and the next steps still run."""
@@ -212,7 +232,7 @@ class Supervisor:
         self.table.reap_all()
         self.router.drain(0)
         remove_weight_board(self.plan.to_dict())
-        if self.remote_hosts:
+        if self.remote_hosts and not self.preemption.job_ending:  # an ending job starts no step to fetch with
             self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts,
                                                           [h.spec for h in self.table.handles])
 
@@ -235,9 +255,10 @@ def supervise_rundir(path: str, display=None) -> int:
     plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved.get("base_port", 0)), python=sys.executable,
                      addresses=addresses, board_token=str(saved.get("board_token", "")),
                      control_address=control.removeprefix("tcp://").rsplit(":", 1)[0] or "127.0.0.1")
-    resumed = (rundir.read_state() or {}).get("resumed")  # `rlctl run --resume` left what to continue from
+    first = rundir.read_state() or {}
+    resumed = first.get("resumed")  # `rlctl run --resume` (or a requeued batch job) left what to continue from
     return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
-                      resumed if isinstance(resumed, dict) else None).run()
+                      resumed if isinstance(resumed, dict) else None, batch=first.get("slurm_batch") is True).run()
 
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ class RunState:
         self.elapsed_before = sum(max(0.0, s["ended_at"] - s["started_at"]) for s in self.segments)
         self.remote_cleanup: dict[str, dict] = {}  # host -> what shutdown found and fetched there
         self.own_start = process_start_time(os.getpid())  # with the pid: `rlctl stop` never signals a reused pid
+        self.annotations: Callable[[], dict] = dict  # more keys of state.json (the supervisor's preemption record)
 
     def end(self, ending: RunEnd) -> None:
         """The run ends as `ending` says."""
@@ -145,6 +146,7 @@ class RunState:
             "stop": self.spec.job.stop.model_dump(), "episodes_seen": hub.episodes,
             "return_history": list(self.sink.return_history),
             "progress_history": list(self.sink.progress_history),
+            **self.annotations(),
         }
 
     def host_rows(self) -> list[dict]:

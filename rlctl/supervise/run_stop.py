@@ -99,7 +99,7 @@ def supervised_by_batch_job(state: dict) -> bool:
     job = state.get("slurm_job_id")
     host = state.get("supervisor_host")
     return (isinstance(job, int) and not isinstance(job, bool) and job > 0
-            and (state.get("status") == "queued" or (isinstance(host, str) and host != socket.gethostname())))
+            and (state.get("status") == RunStatus.QUEUED or (isinstance(host, str) and host != socket.gethostname())))
 
 
 def stop_batch_job(rd: RunDir, state: dict, timeout: float) -> bool:
@@ -109,11 +109,18 @@ def stop_batch_job(rd: RunDir, state: dict, timeout: float) -> bool:
 
     job = state["slurm_job_id"]
     try:
-        if state.get("status") == "queued":
-            slurm_command("scancel", str(job))
+        waiting = (RunStatus.QUEUED, RunStatus.PREEMPTED)  # no supervisor: the job is pending (or gone)
+        if state.get("status") in waiting:
+            try:
+                slurm_command("scancel", str(job))
+            except SlurmError:
+                if state.get("status") == RunStatus.QUEUED:
+                    raise  # a preempted run's job may be gone already: not requeued
             state = rd.read_state() or state
-            if state.get("status") == "queued":  # it never started
-                state.update(status=RunStatus.STOPPED, ended_at=time.time(), exit_reason=f"Slurm job {job} cancelled")
+            if state.get("status") in waiting:  # it never started (again)
+                state.update(status=RunStatus.STOPPED, ended_at=time.time(),
+                             exit_reason=f"Slurm job {job} cancelled" + (
+                                 " while preempted" if state.get("status") == RunStatus.PREEMPTED else ""))
                 rd.write_state(state)
         else:
             slurm_command("scancel", "--signal=TERM", "--batch", str(job))

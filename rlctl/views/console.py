@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.views import bottleneck
 from rlctl import metric_names as M
 from rlctl import run_reading
-from rlctl.rundir import OVER_STATES, TERMINAL_STATES, RunDir, status_of
+from rlctl.rundir import OVER_STATES, RunDir, status_of
 from rlctl.run_status import RunStatus
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -29,7 +29,7 @@ _consoles: dict[bool, "Console"] = {}
 
 STATUS_STYLES = {
     RunStatus.CREATED: "cyan",
-    "queued": "cyan",
+    RunStatus.QUEUED: "cyan",
     RunStatus.STARTING: "cyan",
     RunStatus.RUNNING: "green",
     "restarting": "yellow",
@@ -39,6 +39,7 @@ STATUS_STYLES = {
     RunStatus.STOPPED: "yellow",
     RunStatus.FAILED: "bold red",
     RunStatus.LOST: "magenta",
+    RunStatus.PREEMPTED: "yellow",
     RunStatus.UNKNOWN: "dim",
     RunStatus.PENDING: "dim",
 }
@@ -604,7 +605,7 @@ def progress_printer(interval_s: float = 5.0):
 
     def show(state: dict) -> None:
         now = time.time()
-        if now - last[0] >= interval_s or state.get("status") in TERMINAL_STATES:
+        if now - last[0] >= interval_s or state.get("status") in OVER_STATES:
             last[0] = now
             print(progress_line(state), flush=True)
 

@@ -1,5 +1,5 @@
 """What to do next with a run, by how it stands: the command lines `rlctl run` prints when it ends, `rlctl status RUN`
-and `rlctl watch` print under the run. A run that can go on (stopped, lost, or failed with a checkpoint) is offered
+and `rlctl watch` print under the run. A run that can go on (stopped, lost, preempted and not requeued, or failed with a checkpoint) is offered
 `rlctl run --resume`; a finished one a new target.
 
 On the fast CLI path: standard library only.
@@ -15,10 +15,11 @@ def next_steps(rundir: RunDir, status: str) -> list[str]:
     """Command lines for a run in `status` (its effective status), most useful first."""
     run = rundir.run_id
     has_checkpoint = (rundir.checkpoints_dir / "latest.pt").is_file()
-    if status not in OVER_STATES and status != RunStatus.UNKNOWN:  # created, queued, starting, running, stopping
+    if status not in OVER_STATES and status != RunStatus.UNKNOWN:  # created, queued (a preempted run requeued too), running...
         return [f"rlctl watch {run}", f"rlctl logs --follow {run}", f"rlctl stop {run}"]
     lines = []
-    if status in (RunStatus.STOPPED, RunStatus.LOST) or (status == RunStatus.FAILED and has_checkpoint):
+    if status in (RunStatus.STOPPED, RunStatus.LOST, RunStatus.PREEMPTED) or (
+            status == RunStatus.FAILED and has_checkpoint):
         lines.append(f"rlctl run --resume {run}")
     if status == RunStatus.FINISHED:
         lines.append(f"rlctl run --resume {run} --until env_steps=N")  # train on to a new target

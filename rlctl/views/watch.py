@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 def exit_code(status: str) -> int:
-    """What `rlctl watch` exits with once the run is over: 0 finished or stopped, 1 failed or lost (as `rlctl run`)."""
+    """What `rlctl watch` exits with once the run is over: 0 finished or stopped, 1 failed, lost or preempted and not
+    requeued (as `rlctl run`). A requeued run is watched on through its queued wait into its next allocation."""
     return 0 if status in (RunStatus.FINISHED, RunStatus.STOPPED) else 1
 
 
