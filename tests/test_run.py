@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -262,6 +263,43 @@ def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path,
     log = (only_run(runs) / "logs" / f"{process}.log").read_text()
     assert "Traceback" in log and events.first(only_run(runs) / "logs" / f"{process}.log", "exit",
                                                  reason=events.EXIT_STARTUP_FAILED, detail=cause)
+
+
+@pytest.mark.slow  # end to end with real processes: the slow tier
+def test_a_sigterm_while_the_run_ends_at_its_target_does_not_force_its_shutdown(tmp_path):
+    """A run shutting down because it met its target, sent SIGTERM then (a sweep's scheduler dying, `rlctl stop`,
+    Slurm): its processes still stop gracefully, the learner's last checkpoint written; none is SIGKILLed."""
+    job = small_job(tmp_path, name="ending", stop="env_steps = 3000\nwall_s = 120")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs) / "logs" / "supervisor.log",
+                       60, what="the run directory")
+        wait_for(lambda: log.is_file() and "stopping: charts/env_steps" in log.read_text(), 90, interval=0.005,
+                 what="the run stopping at its target")
+        learner = next(p for p in read_state(only_run(runs))["processes"] if p["name"] == "learner-0")
+        # The learner held still (its last update, its checkpoint not yet done) while the SIGTERM arrives: a forced
+        # stop would SIGKILL it now; a graceful one lets it finish once it goes on.
+        os.killpg(learner["pgid"], signal.SIGSTOP)
+        alive = pid_alive(learner["pid"])
+        collector = next(p for p in read_state(only_run(runs))["processes"] if p["name"] == "collector-0")
+        wait_for(lambda: not pid_alive(collector["pid"]), 30, interval=0.01, what="the shutdown under way")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(learner["pgid"], signal.SIGCONT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    state = read_state(only_run(runs))
+    assert alive, out  # the signal came while the learner was still finishing
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "env_steps", (state, out)
+    codes = {p["name"]: p["exit_code"] for p in state["processes"]}
+    assert all(code != -signal.SIGKILL for code in codes.values()), codes
+    assert (only_run(runs) / "checkpoints" / "latest.pt").is_file()
 
 
 @pytest.mark.slow  # end to end with real processes: the slow tier

@@ -80,11 +80,20 @@ class Supervisor:
         self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.stop_signals = 0
-        self.signals_at_shutdown = 0
+        self.asked = 0  # SIGINTs and SIGTERMs: a second one forces the stop
+        self.shutting_down = False
+        self.forced = False  # processes are SIGKILLed now, not after the grace
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
         self.preemption.on_signal(signum)
+        self.asked += signum in (signal.SIGINT, signal.SIGTERM)
+        # A second stop forces it, whenever it came (two Ctrl-Cs during start-up too), and so does Ctrl-C once the
+        # run's own end (a target met) is shutting it down. One SIGTERM then asks for nothing more than what is
+        # under way: a sweep's trial whose scheduler died (PDEATHSIG), `rlctl stop` or Slurm arriving as the run
+        # reaches its target must not lose its last checkpoint to a SIGKILL.
+        if self.asked >= 2 or (signum == signal.SIGINT and self.shutting_down):
+            self.forced = True
         if self.run_state.exit_reason is None:
             self.run_state.exit_reason = f"stopped by {signal.Signals(signum).name}"
 
@@ -216,9 +225,7 @@ class Supervisor:
         SIGKILL after the grace."""
         learners, shards = self.table.of_role(Role.LEARNER), self.table.of_role(self.spec.data_path.shard_role)
         others = [h for h in self.table.handles if h not in learners and h not in shards]
-        # The signal that asked for this stop is the only one that does not force it: a second Ctrl-C forces it
-        # whenever it came, during start-up too (before this line) as once running.
-        self.signals_at_shutdown = min(self.stop_signals, 1)
+        self.shutting_down = True
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
         # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
         told = self.router.stop_learners()
@@ -239,7 +246,7 @@ class Supervisor:
     def _wait_gone(self, group: list[ProcessHandle], term_after: float = -1.0) -> None:
         """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or at
         another Ctrl-C; final heartbeats (checkpoint, parameter digests) are read meanwhile."""
-        self.table.wait_gone(group, STOP_GRACE_S, forced=lambda: self.stop_signals > self.signals_at_shutdown,
+        self.table.wait_gone(group, STOP_GRACE_S, forced=lambda: self.forced,
                              meanwhile=lambda: self._keep_in_touch(10), term_after=term_after)
 
 
