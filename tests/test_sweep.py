@@ -115,7 +115,7 @@ def test_a_ppo_sweep_runs_to_its_end_with_one_command_and_compare_ranks_by_time_
 
 @pytest.mark.slow
 def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_none_from_zero(tmp_path):
-    _base(tmp_path)
+    _base(tmp_path, stop="env_steps = 9000\nwall_s = 120")  # a fixed length: what matters is where each goes on
     f = _sweep_file(tmp_path, '"algorithm.lr" = [4e-3]', head="seeds = [1, 2, 3]\nmax_concurrent = 2")
     runs = tmp_path / "runs"
     sweep_id = run_cli(["sweep", str(f), "--detach", "--runs-dir", str(runs)]).stdout.strip()
@@ -133,7 +133,9 @@ def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_
     wait_for(lambda: not any(pid_alive(p) for p in supervisors), timeout=30, what="trial supervisors gone")
     assert not (sweep / "t002" / "state.json").exists()  # never begun
     steps = {t: _state(sweep / t)["metrics"]["charts/env_steps"] for t in begun}
-    assert all((sweep / t / "checkpoints" / "latest.pt").is_file() for t in begun)
+    assert all((sweep / t / "checkpoints" / "latest.pt").is_file() for t in begun), {
+        t: (sorted(p.name for p in (sweep / t / "checkpoints").iterdir()), _state(sweep / t).get("exit_reason"))
+        for t in begun}
     status = run_cli(["status", sweep_id, "--runs-dir", str(runs)], env={"COLUMNS": "120"}).stdout
     assert re.search(r"\| lost \| 3 trials: 2 stopped, 1 pending", status), status
 
