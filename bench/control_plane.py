@@ -43,7 +43,10 @@ Figures, per cell:
   real collector polls between env-step blocks). Per publish, the time until the last collector has it; p50/p99
   over the publishes (with a few publishes p99 is their maximum). A publish not at every collector within the
   deadline counts as missed: the size's figures are then None, it is the size's last publish in the cell (the
-  next would queue behind the one in flight), and the printed line says how many collectors had it.
+  next would queue behind the one in flight), and the printed line says how many collectors had it. A size whose copies in flight (about
+  2 x collectors x 4 bytes per parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes
+  its message in whole) would need more than 40% of the free memory is skipped (`..._skipped` says why); the
+  learner stand-in's peak memory is printed.
 
 Last line: one JSON object, keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s,
 heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s, weights_10m_p99_s) and `c<C>_h<H>_met`
@@ -78,6 +81,8 @@ from rlctl.role_names import Role  # noqa: E402
 
 BENCH = os.path.abspath(__file__)
 HIDDEN = {"1m": [996, 996], "10m": [3158, 3158]}  # QNetwork(4 -> h -> h -> dueling 1 + 2): 1,000,983 / 10,001,389
+PARAMS = {"1m": 1_000_983, "10m": 10_001_389}
+MEMORY_SHARE = 0.4  # a size is skipped in a cell whose weights in flight would need more of the free memory
 TARGETS = {"supervisor_cpu": 0.25, "heartbeat_p99_s": 2.0, "weights_10m_p99_s": 3.0}
 ALL_CELLS = [(10, 1), (10, 4), (100, 1), (100, 4), (100, 16), (1000, 1), (1000, 4), (1000, 16)]
 QUICK_CELLS = [(10, 1), (10, 4)]
@@ -149,6 +154,7 @@ class Episodes:
 def child_host() -> None:
     """A simulated host: its collectors' control clients and weight subscribers in one poll loop."""
     from rlctl.job.load import load_job
+    from rlctl.net import weights as weights_module
     from rlctl.net.weights import WeightSubscriber
     from rlctl.roles.collector_report import CollectorReport
     from rlctl.roles.context import ControlClient as Client, RoleContext
@@ -158,8 +164,6 @@ def child_host() -> None:
     raise_fd_limit()
     torch.set_num_threads(1)
     cfg = json.loads(sys.stdin.readline())
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     job = load_job(cfg["job"])
     ctx = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, 65536)
@@ -168,16 +172,23 @@ def child_host() -> None:
     weight_eps = {"1m": from_address(cfg["endpoints"]["weights"], address),
                   "10m": from_address(cfg["weights_10m"], address)}
     models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
+    # Every subscriber of a size loads into the host's one model of that size (each copy is made; the memory of one
+    # model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
+    flats = {id(m): weights_module.share_flat_storage(m) for m in models.values()}
+    weights_module.share_flat_storage = lambda model: flats[id(model)]
     report = ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 0)
     report.connect(cfg["report"])
     poller, subscriber_of, queue = zmq.Poller(), {}, []
-    for name, rank, keys_env in cfg["collectors"]:
+    members = []
+    for name, rank, keys_env in cfg["collectors"]:  # subscriptions first: the hellos then go out together
         net = SharedContext(wire.CurveKeys.from_env(keys_env), ctx)
+        subs = {size: WeightSubscriber(net, ep, models[size]) for size, ep in weight_eps.items()}
+        members.append((name, rank, net, subs))
+    for name, rank, net, subs in members:
         rc = RoleContext(role=Role.COLLECTOR, rank=rank, host=cfg["host"], run_id=cfg["run_id"], job=job,
                          endpoints=endpoints, checkpoint_dir="", keys=net.keys, binds={})
         control = Client(net, rc)  # the hello goes out now
-        subs = {size: WeightSubscriber(net, ep, models[size]) for size, ep in weight_eps.items()}
         episodes = Episodes(cfg["episodes_per_s"])
         collector = CollectorReport(control, episodes, lambda s=subs, e=episodes: {
             M.COLLECTOR_WEIGHT_VERSION: s["1m"].version, M.COLLECTOR_SENT: 0, M.NET_DROPPED: s["1m"].dropped,
@@ -188,6 +199,8 @@ def child_host() -> None:
             subscriber_of[sub.sock] = (name, size, sub)
         heapq.heappush(queue, (min(control.next_at, episodes.next_end), rank, collector))
     print(f"{cfg['host']}: {len(cfg['collectors'])} collectors from {address}", flush=True)
+    stop = []  # until here SIGTERM ends the process at once
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
     while not stop:
         now = time.monotonic()
         while queue and queue[0][0] <= now:  # the collectors whose heartbeat or episode end is due
@@ -431,6 +444,21 @@ class Reports:
                     self.reached.setdefault(r["use"], r["t"])
 
 
+def available_memory() -> float:
+    """MemAvailable in bytes (/proc/meminfo)."""
+    with open("/proc/meminfo") as f:
+        return next(float(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def peak_rss(pid: int) -> float:
+    """A process's peak resident memory in bytes (VmHWM), NaN if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return float("nan")
+
+
 def tails(runs: Path) -> str:
     """The ends of the supervisor's output and of its processes' logs."""
     files = [runs / "supervisor.out", *sorted(runs.glob("*/logs/*.log"))]
@@ -533,11 +561,20 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         out["heartbeat_p50_s"], out["heartbeat_p99_s"] = H.percentile(delays, 50), H.percentile(delays, 99)
         out["heartbeats_seen"] = len(delays)
         version = 0
+        learner_pid = next((p["pid"] for p in watch.snapshot().get("processes", []) if p["name"] == "learner-0"), 0)
         for size in ("1m", "10m"):
+            # Over CURVE every subscriber's copy is encrypted (at the publisher) and taken in whole (at the
+            # subscriber) on its own: about 2 x collectors x 4 bytes per parameter in flight at once.
+            need = 2 * collectors * PARAMS[size] * 4
+            if need > MEMORY_SHARE * available_memory():
+                out[f"weights_{size}"] = {"skipped": f"needs ~{need / 1e9:.0f} GB in flight, "
+                                                     f"{available_memory() / 1e9:.0f} GB available"}
+                continue
             r = time_weights(size, reports, commands, collectors, args.publishes[size], args.deadline,
                              args.budget, version, sup, runs)
             version = r["version"]
             out[f"weights_{size}"] = r
+        out["learner_peak_rss_gb"] = peak_rss(learner_pid) / 1e9
         return out
     finally:
         watch.stop.set()
@@ -567,8 +604,12 @@ def show(key: str, r: dict) -> None:
     print(f"  {key}: ready in {r['ready_s']:.1f} s; supervisor {100 * r['supervisor_cpu']:.1f}% of one core, "
           f"{r['control_msgs_per_s']:.0f} control messages/s; heartbeat -> state.json p50 "
           f"{f(r['heartbeat_p50_s'])}, p99 {f(r['heartbeat_p99_s'])} ({r['heartbeats_seen']} stamps)", flush=True)
+    print(f"      learner stand-in peak memory {r['learner_peak_rss_gb']:.2f} GB", flush=True)
     for size in ("1m", "10m"):
         w = r[f"weights_{size}"]
+        if "skipped" in w:
+            print(f"      weights {size:3s}: skipped: {w['skipped']}", flush=True)
+            continue
         each = ", ".join("missed" if x is None else f"{x:.2f}" for x in w["every_s"])
         print(f"      weights {size:3s}: at every collector p50 {f(w['p50_s'])}, p99 {f(w['p99_s'])} over "
               f"{w['publishes']} publishes ({each} s; {w['missed']} missed, fewest reached {w['reached']})",
@@ -584,9 +625,15 @@ def figures(key: str, r: dict) -> dict:
                                                       "heartbeat_p99_s")}
     for size in ("1m", "10m"):
         w = r[f"weights_{size}"]
-        out[f"{key}_weights_{size}_p50_s"], out[f"{key}_weights_{size}_p99_s"] = num(w["p50_s"]), num(w["p99_s"])
-    out[f"{key}_met"] = {name: out[f"{key}_{name}"] is not None and out[f"{key}_{name}"] <= target
-                         for name, target in TARGETS.items()}
+        out[f"{key}_weights_{size}_p50_s"], out[f"{key}_weights_{size}_p99_s"] = num(w.get("p50_s")), num(w.get("p99_s"))
+        if "skipped" in w:
+            out[f"{key}_weights_{size}_skipped"] = w["skipped"]
+    out[f"{key}_learner_peak_rss_gb"] = num(r["learner_peak_rss_gb"])
+    def met(name: str, target: float) -> bool:  # the supervisor below its target; the delays within theirs
+        value = out[f"{key}_{name}"]
+        return value is not None and (value < target if name == "supervisor_cpu" else value <= target)
+
+    out[f"{key}_met"] = {name: met(name, target) for name, target in TARGETS.items()}
     return out
 
 
@@ -614,7 +661,7 @@ def main() -> None:
     args.publishes = {"1m": n, "10m": n}
     args.settle = 2.0 if args.quick else 5.0
     args.deadline = 30.0 if args.quick else 45.0  # one publish: missed past this (and the size's last)
-    args.budget = 40.0 if args.quick else 75.0  # one size's publishes in one cell: no new one past this
+    args.budget = 40.0 if args.quick else 60.0  # one size's publishes in one cell: no new one past this
     print(f"control plane bench: cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
           f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
           f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
