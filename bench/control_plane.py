@@ -1,0 +1,684 @@
+"""The control plane at 10, 100 and 1,000 collectors over 1, 4 and 16 hosts: what the supervisor and learner rank 0
+cost as collectors grow (issue 32). Today every collector talks to the supervisor and to rank 0 directly; this bench
+gives the figures before per-host relays, and will measure them after.
+
+Usage: python bench/control_plane.py [--quick] [--cells c10_h1,c1000_h16,...] [--window S] [--publishes N]
+
+What runs, per cell (C collectors over H simulated hosts):
+
+- The real supervisor (`rlctl.supervise.loop.Supervisor`: control router, metrics sink, TensorBoard points, the
+  run-state writer of state.json, restart policy) in a process of its own, on a run prepared by the real launch path
+  (`rlctl.launch.pipeline.prepare`: job.toml, plan.json, keys issued per process by `issue_keys`). Its plan keeps
+  learner-0 and the C collectors (no replay shard, no evaluator: they add no control traffic that grows with
+  collectors). Only how its processes start differs: a starter that starts, instead of one process per collector,
+  H simulated-host processes (each the process of its block of collectors, as far as the supervisor's table goes:
+  it reaps, signals and stops them as it would the collectors) and one learner stand-in.
+- A simulated host: one process holding its collectors, each with its own CURVE client key pair (the one the
+  supervisor issued it), its own `ControlClient` (hello, then heartbeats through the real `CollectorReport`: every
+  `metrics_interval_s`, and within 0.1 s of an episode's end), and two real `WeightSubscriber`s (a ~1M and a
+  ~10M-parameter QNetwork; each subscriber copies every version it takes into the host's one model of that size:
+  the CPU of every copy is real, the memory shared). Episodes end at random (Poisson, --episodes-per-s per
+  collector), so heartbeats come as often as a collector's would. The host's sockets share one ZeroMQ context (one
+  I/O thread per simulated host, not per collector) and connect from their own loopback address, 127.0.0.(k+2).
+  The log lines the collectors print go to the supervisor's log pump, one pipe per simulated host.
+- The learner stand-in (learner-0, with the learner's keys: it binds): `ControlClient` heartbeats, and two real
+  `WeightPublisher`s (no shared-memory board: every collector is on another host than rank 0), publishing when the
+  bench says so.
+
+Figures, per cell:
+
+- supervisor CPU: its process's utime + stime (/proc/<pid>/stat, all threads: ZeroMQ I/O, CURVE authenticator, log
+  pumps) over the control window, as a share of one core;
+- control messages per second at the supervisor: hellos and heartbeats its router handled plus those it dropped
+  (counted by the bench's supervisor subclass and written into state.json) over the window;
+- heartbeat-to-state.json delay: each heartbeat carries its send time (time.time()) as the collector's env-steps
+  rate, the one per-process figure state.json shows (`processes[].rate`); the bench reads state.json whenever it
+  changes (every 0.5 s) and, for each collector whose row shows a new stamp, takes updated_at (when the supervisor
+  built that document) minus that stamp: how old the newest heartbeat is when it first shows. p50/p99 over the
+  stamps sent in the window. It includes the up to 0.5 s a heartbeat waits for the next state.json, and a backlog
+  at the control socket; a heartbeat overtaken by a newer one before the next document is not counted itself;
+- weights published -> in use at every collector: the learner stand-in notes the time before `publish()`
+  (flattening counts, as on the learner); each simulated collector notes when its subscriber's `poll()` loaded that
+  version (or a newer one), which is when a real collector's next act uses it (the simulation polls at once: a
+  real collector polls between env-step blocks). Per publish, the time until the last collector has it; p50/p99
+  over the publishes (with a few publishes p99 is their maximum). A publish not at every collector within the
+  deadline counts as missed: the size's figures are then None, it is the size's last publish in the cell (the
+  next would queue behind the one in flight), and the printed line says how many collectors had it. A size whose copies in flight (about
+  2 x collectors x 4 bytes per parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes
+  its message in whole) would need more than 40% of the free memory is skipped (`..._skipped` says why); the
+  learner stand-in's peak memory is printed.
+
+Last line: one JSON object, keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s,
+heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s, weights_10m_p99_s) and `c<C>_h<H>_met`
+(the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
+
+On a small machine every simulated host, the learner and the supervisor share the same cores: the figures then
+include their contention (a 1,000-collector cell on 2 cores measures an overloaded machine), and are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as H  # noqa: E402
+
+import zmq  # noqa: E402
+
+from rlctl import metric_names as M  # noqa: E402
+from rlctl.net import wire  # noqa: E402
+from rlctl.role_names import Role  # noqa: E402
+
+BENCH = os.path.abspath(__file__)
+HIDDEN = {"1m": [996, 996], "10m": [3158, 3158]}  # QNetwork(4 -> h -> h -> dueling 1 + 2): 1,000,983 / 10,001,389
+PARAMS = {"1m": 1_000_983, "10m": 10_001_389}
+MEMORY_SHARE = 0.4  # a size is skipped in a cell whose weights in flight would need more of the free memory
+TARGETS = {"supervisor_cpu": 0.25, "heartbeat_p99_s": 2.0, "weights_10m_p99_s": 3.0}
+ALL_CELLS = [(10, 1), (10, 4), (100, 1), (100, 4), (100, 16), (1000, 1), (1000, 4), (1000, 16)]
+QUICK_CELLS = [(10, 1), (10, 4)]
+CONFIG = "bench-control-plane.json"  # in the runs folder: where the bench's sockets are, for the starter
+
+
+def qnet(hidden: list[int]):
+    """A CartPole QNetwork with these hidden widths (what learner rank 0 publishes, what a collector holds)."""
+    from rlctl.models import QNetwork
+
+    return QNetwork((4,), 2, hidden, "relu", True)
+
+
+def die_with_parent() -> None:
+    """SIGTERM when the parent (the supervisor) dies: the backstop of a simulated host or the learner stand-in."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        sys.exit(0)
+
+
+def raise_fd_limit() -> None:
+    """Thousands of sockets in one process: the soft limit on open files up to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class SharedContext(wire.SecureContext):
+    """A SecureContext for one simulated collector's keys over its host's one zmq.Context (client sockets only)."""
+
+    def __init__(self, keys: wire.CurveKeys, ctx: zmq.Context):
+        self.keys, self.ctx = keys, ctx
+        self._auth, self._watches, self._stop = None, [], threading.Event()
+
+
+def from_address(endpoint: str, address: str) -> str:
+    """`tcp://host:port` connected from `address` (ZeroMQ's `tcp://source;destination`)."""
+    return f"tcp://{address}:0;{endpoint.removeprefix('tcp://')}"
+
+
+# --------------------------------------------------------------------------- the simulated host
+
+class Episodes:
+    """Stands in for a collector's EpisodeTracker: episodes end at random (Poisson), as many per second as asked."""
+
+    def __init__(self, per_s: float):
+        self.per_s, self.last = per_s, time.monotonic()
+        self.next_end = self.last + random.expovariate(per_s) if per_s > 0 else float("inf")
+        self.returns: list[float] = []
+
+    def advance(self, now: float) -> None:
+        while now >= self.next_end:
+            self.returns.append(float(random.randint(10, 500)))
+            self.next_end += random.expovariate(self.per_s)
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.returns)
+
+    def take(self) -> dict:
+        out = {M.EPISODE_RETURNS: self.returns[-1000:], M.EPISODE_LENGTHS: [int(r) for r in self.returns[-1000:]]}
+        self.returns = []
+        return out
+
+
+def child_host() -> None:
+    """A simulated host: its collectors' control clients and weight subscribers in one poll loop."""
+    from rlctl.job.load import load_job
+    from rlctl.net import weights as weights_module
+    from rlctl.net.weights import WeightSubscriber
+    from rlctl.roles.collector_report import CollectorReport
+    from rlctl.roles.context import ControlClient as Client, RoleContext
+    import torch
+
+    die_with_parent()
+    raise_fd_limit()
+    torch.set_num_threads(1)
+    cfg = json.loads(sys.stdin.readline())
+    job = load_job(cfg["job"])
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, 65536)
+    address = cfg["address"]
+    endpoints = {**cfg["endpoints"], "control": from_address(cfg["endpoints"]["control"], address)}
+    weight_eps = {"1m": from_address(cfg["endpoints"]["weights"], address),
+                  "10m": from_address(cfg["weights_10m"], address)}
+    models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
+    # Every subscriber of a size loads into the host's one model of that size (each copy is made; the memory of one
+    # model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
+    flats = {id(m): weights_module.share_flat_storage(m) for m in models.values()}
+    weights_module.share_flat_storage = lambda model: flats[id(model)]
+    report = ctx.socket(zmq.PUSH)
+    report.setsockopt(zmq.LINGER, 0)
+    report.connect(cfg["report"])
+    poller, subscriber_of, queue = zmq.Poller(), {}, []
+    members = []
+    for name, rank, keys_env in cfg["collectors"]:  # subscriptions first: the hellos then go out together
+        net = SharedContext(wire.CurveKeys.from_env(keys_env), ctx)
+        subs = {size: WeightSubscriber(net, ep, models[size]) for size, ep in weight_eps.items()}
+        members.append((name, rank, net, subs))
+    for name, rank, net, subs in members:
+        rc = RoleContext(role=Role.COLLECTOR, rank=rank, host=cfg["host"], run_id=cfg["run_id"], job=job,
+                         endpoints=endpoints, checkpoint_dir="", keys=net.keys, binds={})
+        control = Client(net, rc)  # the hello goes out now
+        episodes = Episodes(cfg["episodes_per_s"])
+        collector = CollectorReport(control, episodes, lambda s=subs, e=episodes: {
+            M.COLLECTOR_WEIGHT_VERSION: s["1m"].version, M.COLLECTOR_SENT: 0, M.NET_DROPPED: s["1m"].dropped,
+            M.ENV_STEPS_PER_S: time.time()})  # the stamp rides in the one figure state.json shows per process
+        control.next_at = time.monotonic() + random.random() * control.interval  # collectors start spread out
+        for size, sub in subs.items():
+            poller.register(sub.sock, zmq.POLLIN)
+            subscriber_of[sub.sock] = (name, size, sub)
+        heapq.heappush(queue, (min(control.next_at, episodes.next_end), rank, collector))
+    print(f"{cfg['host']}: {len(cfg['collectors'])} collectors from {address}", flush=True)
+    stop = []  # until here SIGTERM ends the process at once
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    while not stop:
+        now = time.monotonic()
+        while queue and queue[0][0] <= now:  # the collectors whose heartbeat or episode end is due
+            _, rank, collector = heapq.heappop(queue)
+            collector.episodes.advance(now)
+            collector.env_steps += 100
+            collector()
+            wake = min(collector.control.next_at, collector.episodes.next_end,
+                       max(collector.last_sent + 0.1, now) if collector.episodes.ended else float("inf"))
+            heapq.heappush(queue, (max(wake, now + 0.001), rank, collector))
+        timeout = max(0.0, min(queue[0][0] - time.monotonic(), 0.05)) if queue else 0.05
+        for sock, _ in poller.poll(timeout * 1000):
+            name, size, sub = subscriber_of[sock]
+            if sub.poll():
+                report.send_json({"use": name, "size": size, "version": sub.version, "t": time.time()})
+    ctx.destroy(linger=0)
+
+
+# --------------------------------------------------------------------------- the learner stand-in
+
+def child_learner() -> None:
+    """learner-0: heartbeats, and the two publishers (1M, 10M), publishing when the bench says so."""
+    from rlctl.job.load import load_job
+    from rlctl.net.weights import FULL, WeightPublisher
+    from rlctl.roles.context import ControlClient, RoleContext
+    import torch
+
+    die_with_parent()
+    raise_fd_limit()
+    torch.set_num_threads(1)
+    cfg = json.loads(sys.stdin.readline())
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
+    net.ctx.set(zmq.MAX_SOCKETS, 65536)
+    rc = RoleContext(role=Role.LEARNER, rank=0, host="localhost", run_id=cfg["run_id"], job=load_job(cfg["job"]),
+                     endpoints=cfg["endpoints"], checkpoint_dir="", keys=net.keys, binds={})
+    control = ControlClient(net, rc)
+    models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
+    pubs = {"1m": WeightPublisher(net, cfg["endpoints"]["weights"], "learner-0"),
+            "10m": WeightPublisher(net, cfg["weights_10m"], "learner-0")}
+    commands = net.ctx.socket(zmq.PULL)
+    commands.connect(cfg["commands"])
+    report = net.ctx.socket(zmq.PUSH)
+    report.setsockopt(zmq.LINGER, 0)
+    report.connect(cfg["report"])
+    print(f"learner stand-in: {', '.join(f'{s} {sum(p.numel() for p in m.parameters()):,}' for s, m in models.items())}"
+          " parameters", flush=True)
+    joins = {size: 0 for size in pubs}
+    while not stop and not control.stop_requested():
+        if control.due():
+            control.heartbeat({M.UPDATES: 0, M.UPDATES_PER_S: 0.0, M.SAMPLES_PER_S: 0.0})
+        for size, pub in pubs.items():
+            pub.wanted(FULL)  # reads the subscriptions
+            if pub.joins != joins[size]:
+                joins[size] = pub.joins
+                report.send_json({"joins": size, "n": pub.joins})
+        if commands.poll(50):
+            cmd = commands.recv_json()
+            t = time.time()
+            pubs[cmd["size"]].publish(cmd["version"], models[cmd["size"]])
+            report.send_json({"published": cmd["size"], "version": cmd["version"], "t": t})
+    net.close()
+
+
+# --------------------------------------------------------------------------- the supervisor
+
+def child_supervisor(job_path: str, runs_dir: str) -> int:
+    """The real supervisor on a run prepared by the real launch path; its processes are the simulated ones."""
+    import dataclasses
+
+    from rlctl.job.load import load_job
+    from rlctl.launch.pipeline import launch_input, prepare
+    from rlctl.launch.plan import make_plan
+    from rlctl.rundir import RunDir
+    from rlctl.supervise.loop import Supervisor
+    from rlctl.supervise.run_state import RunState
+
+    rundir = prepare(launch_input(Path(job_path)), Path(runs_dir))
+    cfg = json.loads((Path(runs_dir) / CONFIG).read_text())
+    spec = load_job(rundir.job_toml)
+    saved = rundir.read_plan()
+    plan = make_plan(spec, rundir.run_id, str(rundir.path), int(saved["base_port"]), python=sys.executable,
+                     board_token=str(saved.get("board_token", "")))
+    plan = dataclasses.replace(plan, processes=[p for p in plan.processes
+                                                if p.role == Role.COLLECTOR or p.name == "learner-0"])
+
+    class CountingState(RunState):
+        """state.json with the control messages the router has taken (handled and dropped)."""
+        handled = 0
+
+        def document(self) -> dict:
+            return {**super().document(), "bench_control_messages": self.handled + sup.router.dropped}
+
+    class BenchSupervisor(Supervisor):
+        def _on_hello(self, h, msg) -> None:
+            self.run_state.handled += 1
+            super()._on_hello(h, msg)
+
+        def _on_heartbeat(self, h, msg) -> None:
+            self.run_state.handled += 1
+            super()._on_heartbeat(h, msg)
+
+    sup = BenchSupervisor(spec, plan, RunDir(rundir.path), wire.CurveKeys.generate())
+    sup.run_state = CountingState(spec, plan, sup.rundir, sup.table, sup.sink)
+    sup.starter = SimulatedStarter(plan, sup.rundir, sup.process_keys, cfg, str(rundir.job_toml))
+    return sup.run()
+
+
+class SimulatedStarter:
+    """Starts the simulated hosts (each the process of its block of collectors) and the learner stand-in, in place of
+    one process per collector: the supervisor reaps, signals and stops them as it would those processes."""
+
+    def __init__(self, plan, rundir, process_keys: dict, cfg: dict, job: str):
+        self.plan, self.rundir, self.keys, self.cfg, self.job = plan, rundir, process_keys, cfg, job
+
+    def open_forkserver(self, handles) -> None:
+        pass
+
+    def _spawn(self, mode: str, setup: dict, handles: list, log: str) -> None:
+        from rlctl.liveness import process_start_time
+        from rlctl.supervise.process_table import LogPump
+
+        popen = subprocess.Popen([sys.executable, BENCH, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=str(H.REPO))
+        popen.stdin.write(json.dumps(setup).encode() + b"\n")  # keys never on a command line or in a file
+        popen.stdin.close()
+        for h in handles:
+            h.popen, h.exit_code, h.last_heartbeat, h.started_at = popen, None, None, time.time()
+            h.start_time = process_start_time(popen.pid)
+        handles[0].pump = LogPump(popen.stdout, self.rundir.logs_dir / log)  # one pipe per simulated host
+        handles[0].pump.start()
+
+    def start_all(self, handles, stopping, meanwhile) -> None:
+        common = {"job": self.job, "run_id": self.plan.run_id, "endpoints": self.plan.endpoints,
+                  "weights_10m": self.cfg["weights_10m"], "report": self.cfg["report"]}
+        learner = [h for h in handles if h.spec.role == Role.LEARNER]
+        self._spawn("--child-learner", {**common, "keys": self.keys["learner-0"].to_env(),
+                                        "commands": self.cfg["commands"]}, learner, "learner-0.log")
+        collectors = sorted((h for h in handles if h.spec.role == Role.COLLECTOR), key=lambda h: h.spec.rank)
+        n_hosts = self.cfg["hosts"]
+        for k in range(n_hosts):
+            mine = [h for h in collectors if h.spec.rank * n_hosts // len(collectors) == k]
+            self._spawn("--child-host", {**common, "host": f"sim-host-{k}", "address": f"127.0.0.{k + 2}",
+                                         "episodes_per_s": self.cfg["episodes_per_s"],
+                                         "collectors": [[h.spec.name, h.spec.rank, self.keys[h.spec.name].to_env()]
+                                                        for h in mine]}, mine, f"sim-host-{k}.log")
+
+    def start(self, h) -> None:
+        raise RuntimeError(f"{h.spec.name} ended: a simulated process is not restarted")
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- the bench
+
+def write_cell_job(directory: Path, collectors: int) -> Path:
+    """jobs/apex.toml with C collectors, no evaluator, and no stop rule but a day's wall time."""
+    from rlctl.job.load import load_job
+    from rlctl.job.toml_writer import dumps_toml
+
+    data = H.load_toml()
+    data["job"]["stop"] = {"wall_s": 86400}
+    data["topology"].update({"collectors": collectors, "evaluator": False})
+    path = directory / "job.toml"
+    path.write_text(dumps_toml(data))
+    load_job(path)
+    return path
+
+
+class StateWatch(threading.Thread):
+    """Reads state.json each time it changes: heartbeat stamps -> delays, and the control-message count."""
+
+    def __init__(self, runs: Path):
+        super().__init__(daemon=True)
+        self.runs, self.stop = runs, threading.Event()
+        self.state: dict = {}
+        self.seen: dict[str, float] = {}  # collector -> newest stamp seen
+        self.delays: list[tuple[float, float]] = []  # (stamp, updated_at - stamp)
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        mtime = 0
+        while not self.stop.wait(0.05):
+            paths = list(self.runs.glob("*/state.json"))
+            try:
+                st = paths[0].stat().st_mtime_ns if paths else 0
+                if st == mtime:
+                    continue
+                state = json.loads(paths[0].read_text())
+                mtime = st
+            except (OSError, ValueError):
+                continue
+            with self.lock:
+                self.state = state
+                for row in state.get("processes", []):
+                    stamp = row.get("rate")
+                    if row.get("role") == Role.COLLECTOR and isinstance(stamp, float) and \
+                            stamp > self.seen.get(row["name"], 0.0):
+                        self.seen[row["name"]] = stamp
+                        self.delays.append((stamp, state["updated_at"] - stamp))
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return dict(self.state)
+
+    def delays_between(self, t0: float, t1: float) -> list[float]:
+        with self.lock:
+            return [d for stamp, d in self.delays if t0 <= stamp <= t1]
+
+
+class Reports:
+    """The bench's PULL: the learner's publish times and subscriptions, the collectors' versions in use."""
+
+    def __init__(self, ctx: zmq.Context):
+        self.sock = ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.joins = {"1m": 0, "10m": 0}
+        self.published: dict[tuple[str, int], float] = {}
+        self.newest: dict[str, dict[str, tuple[int, float]]] = {"1m": {}, "10m": {}}  # size -> name -> (v, t)
+        self.reached: dict[str, float] = {}  # for the publish being timed: collector -> when it had it
+        self.timing: tuple[str, int] | None = None
+
+    def drain(self, timeout_ms: int) -> None:
+        if not self.sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                r = self.sock.recv_json(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if "joins" in r:
+                self.joins[r["joins"]] = max(self.joins[r["joins"]], r["n"])
+            elif "published" in r:
+                self.published[(r["published"], r["version"])] = r["t"]
+            elif "use" in r:
+                self.newest[r["size"]][r["use"]] = (r["version"], r["t"])
+                if self.timing and r["size"] == self.timing[0] and r["version"] >= self.timing[1]:
+                    self.reached.setdefault(r["use"], r["t"])
+
+
+def available_memory() -> float:
+    """MemAvailable in bytes (/proc/meminfo)."""
+    with open("/proc/meminfo") as f:
+        return next(float(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def peak_rss(pid: int) -> float:
+    """A process's peak resident memory in bytes (VmHWM), NaN if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return float("nan")
+
+
+def tails(runs: Path) -> str:
+    """The ends of the supervisor's output and of its processes' logs."""
+    files = [runs / "supervisor.out", *sorted(runs.glob("*/logs/*.log"))]
+    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:] for p in files if p.exists())
+
+
+def check_alive(sup: subprocess.Popen, runs: Path) -> None:
+    """Raise with the logs' ends if the supervisor exited."""
+    if sup.poll() is not None:
+        raise RuntimeError(f"the supervisor exited with {sup.returncode}:\n" + tails(runs))
+
+
+def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: int, publishes: int,
+                 deadline_s: float, budget_s: float, version0: int, sup, runs) -> dict:
+    """Publish `size` weights up to `publishes` times (within `budget_s`), each timed to every collector."""
+    every, reached_counts, version = [], [], version0
+    t_end = time.monotonic() + budget_s
+    for _ in range(publishes):
+        if time.monotonic() > t_end:
+            break
+        gap = time.monotonic() + random.uniform(0.1, 0.3)
+        while time.monotonic() < gap:
+            reports.drain(10)
+        version += 1
+        reports.timing, reports.reached = (size, version), {}
+        commands.send_json({"size": size, "version": version})
+        stop_at = time.monotonic() + min(deadline_s, max(1.0, t_end - time.monotonic()))
+        while time.monotonic() < stop_at and len(reports.reached) < collectors:
+            reports.drain(20)
+            check_alive(sup, runs)
+        while (size, version) not in reports.published and time.monotonic() < stop_at + 5:
+            reports.drain(20)
+        t_pub = reports.published.get((size, version))
+        reached_counts.append(len(reports.reached))
+        if t_pub is not None and len(reports.reached) == collectors:
+            every.append(max(reports.reached.values()) - t_pub)
+        else:
+            every.append(None)
+        reports.timing = None
+        if every[-1] is None:
+            break  # one miss says it; the next publish would queue behind the one still in flight
+    done = [x for x in every if x is not None]
+    missed = len(every) - len(done)
+    return {"publishes": len(every), "missed": missed, "reached": min(reached_counts, default=0),
+            "every_s": every, "version": version,
+            "p50_s": H.percentile(done, 50) if done and not missed else None,
+            "p99_s": H.percentile(done, 99) if done and not missed else None}
+
+
+def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
+    """One cell: the supervisor, H simulated hosts, the learner stand-in; control window, then 1M and 10M weights."""
+    cell_dir = tmp / f"c{collectors}_h{hosts}"
+    runs = cell_dir / "runs"
+    runs.mkdir(parents=True)
+    job = write_cell_job(cell_dir, collectors)
+    ctx = zmq.Context()
+    reports = Reports(ctx)
+    commands = ctx.socket(zmq.PUSH)
+    commands.setsockopt(zmq.LINGER, 0)
+    commands_ep = f"tcp://127.0.0.1:{commands.bind_to_random_port('tcp://127.0.0.1')}"
+    (runs / CONFIG).write_text(json.dumps({
+        "report": reports.endpoint, "commands": commands_ep, "hosts": hosts,
+        "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
+    watch = StateWatch(runs)
+    env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(runs / "supervisor.out", "wb") as out:
+        sup = H.children.spawn([sys.executable, BENCH, "--child-supervisor", str(job), str(runs)],
+                               grace=H.children.SUPERVISOR_GRACE_S, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                               stderr=subprocess.STDOUT, cwd=str(H.REPO))
+    out = {}
+    try:
+        watch.start()
+        t_ready = time.monotonic()
+        deadline = t_ready + 120 + collectors * 0.2
+        while True:  # every process running (said hello), every subscription at the publishers
+            reports.drain(100)
+            check_alive(sup, runs)
+            procs = watch.snapshot().get("processes", [])
+            up = sum(p["state"] == "running" for p in procs)
+            if up == collectors + 1 and min(reports.joins.values()) >= collectors:
+                break
+            if time.monotonic() > deadline:
+                state = watch.snapshot()
+                raise TimeoutError(f"{up} of {collectors + 1} processes running, subscriptions {reports.joins} "
+                                   f"after {deadline - t_ready:.0f} s (run {state.get('status')}: "
+                                   f"{state.get('exit_reason')}):\n" + tails(runs))
+        out["ready_s"] = time.monotonic() - t_ready
+        time.sleep(args.settle)  # the start-up's hellos and first heartbeats behind us
+        s0, c0, w0, t0 = watch.snapshot(), H.process_cpu_s(sup.pid), time.time(), time.monotonic()
+        while time.monotonic() < t0 + args.window:
+            reports.drain(100)
+            check_alive(sup, runs)
+        s1, c1, w1 = watch.snapshot(), H.process_cpu_s(sup.pid), time.time()
+        time.sleep(1.0)  # the window's last stamps reach state.json
+        delays = watch.delays_between(w0, w1)
+        out["supervisor_cpu"] = (c1 - c0) / (w1 - w0)
+        updated = s1["updated_at"] - s0["updated_at"]
+        out["control_msgs_per_s"] = ((s1["bench_control_messages"] - s0["bench_control_messages"]) / updated
+                                     if updated > 0 else float("nan"))
+        out["heartbeat_p50_s"], out["heartbeat_p99_s"] = H.percentile(delays, 50), H.percentile(delays, 99)
+        out["heartbeats_seen"] = len(delays)
+        version = 0
+        learner_pid = next((p["pid"] for p in watch.snapshot().get("processes", []) if p["name"] == "learner-0"), 0)
+        for size in ("1m", "10m"):
+            # Over CURVE every subscriber's copy is encrypted (at the publisher) and taken in whole (at the
+            # subscriber) on its own: about 2 x collectors x 4 bytes per parameter in flight at once.
+            need = 2 * collectors * PARAMS[size] * 4
+            if need > MEMORY_SHARE * available_memory():
+                out[f"weights_{size}"] = {"skipped": f"needs ~{need / 1e9:.0f} GB in flight, "
+                                                     f"{available_memory() / 1e9:.0f} GB available"}
+                continue
+            r = time_weights(size, reports, commands, collectors, args.publishes[size], args.deadline,
+                             args.budget, version, sup, runs)
+            version = r["version"]
+            out[f"weights_{size}"] = r
+        out["learner_peak_rss_gb"] = peak_rss(learner_pid) / 1e9
+        return out
+    finally:
+        watch.stop.set()
+        H.children.stop([sup])
+        ctx.destroy(linger=0)
+
+
+def parse_cells(text: str) -> list[tuple[int, int]]:
+    """`c10_h1,c1000_h16` -> [(10, 1), (1000, 16)]."""
+    cells = []
+    for part in text.split(","):
+        try:
+            c, h = part.strip().removeprefix("c").split("_h")
+            cells.append((int(c), int(h)))
+        except ValueError:
+            raise SystemExit(f"control_plane.py: --cells takes c<collectors>_h<hosts>,...; not {part!r}") from None
+    bad = [f"c{c}_h{h}" for c, h in cells if c < 1 or h < 1 or h > c or h > 200]
+    if bad:
+        raise SystemExit(f"control_plane.py: cells need 1 <= hosts <= collectors (and at most 200 hosts): {bad}")
+    return cells
+
+
+def show(key: str, r: dict) -> None:
+    def f(x, unit="s"):
+        return "missed" if x is None else f"{x:.3f} {unit}"
+
+    print(f"  {key}: ready in {r['ready_s']:.1f} s; supervisor {100 * r['supervisor_cpu']:.1f}% of one core, "
+          f"{r['control_msgs_per_s']:.0f} control messages/s; heartbeat -> state.json p50 "
+          f"{f(r['heartbeat_p50_s'])}, p99 {f(r['heartbeat_p99_s'])} ({r['heartbeats_seen']} stamps)", flush=True)
+    print(f"      learner stand-in peak memory {r['learner_peak_rss_gb']:.2f} GB", flush=True)
+    for size in ("1m", "10m"):
+        w = r[f"weights_{size}"]
+        if "skipped" in w:
+            print(f"      weights {size:3s}: skipped: {w['skipped']}", flush=True)
+            continue
+        each = ", ".join("missed" if x is None else f"{x:.2f}" for x in w["every_s"])
+        print(f"      weights {size:3s}: at every collector p50 {f(w['p50_s'])}, p99 {f(w['p99_s'])} over "
+              f"{w['publishes']} publishes ({each} s; {w['missed']} missed, fewest reached {w['reached']})",
+              flush=True)
+
+
+def figures(key: str, r: dict) -> dict:
+    """The cell's keys of the last line."""
+    def num(x):
+        return None if x is None or x != x else round(x, 4)
+
+    out = {f"{key}_{name}": num(r[name]) for name in ("supervisor_cpu", "control_msgs_per_s", "heartbeat_p50_s",
+                                                      "heartbeat_p99_s")}
+    for size in ("1m", "10m"):
+        w = r[f"weights_{size}"]
+        out[f"{key}_weights_{size}_p50_s"], out[f"{key}_weights_{size}_p99_s"] = num(w.get("p50_s")), num(w.get("p99_s"))
+        if "skipped" in w:
+            out[f"{key}_weights_{size}_skipped"] = w["skipped"]
+    out[f"{key}_learner_peak_rss_gb"] = num(r["learner_peak_rss_gb"])
+    def met(name: str, target: float) -> bool:  # the supervisor below its target; the delays within theirs
+        value = out[f"{key}_{name}"]
+        return value is not None and (value < target if name == "supervisor_cpu" else value <= target)
+
+    out[f"{key}_met"] = {name: met(name, target) for name, target in TARGETS.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the small cells, short windows, few publishes")
+    ap.add_argument("--cells", default=None, help="c<collectors>_h<hosts>,... (default: all 8 cells)")
+    ap.add_argument("--window", type=float, default=None, help="seconds of the control window (default 15, quick 6)")
+    ap.add_argument("--publishes", type=int, default=None, help="timed publishes per size (default 4, quick 2)")
+    ap.add_argument("--episodes-per-s", type=float, default=5.0, help="episode ends per collector and second")
+    ap.add_argument("--child-supervisor", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child-host", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-learner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_supervisor:
+        sys.exit(child_supervisor(*args.child_supervisor))
+    if args.child_host:
+        return child_host()
+    if args.child_learner:
+        return child_learner()
+    H.children.install()  # killed or failing: no supervisor, simulated host or learner stand-in outlives it
+    cells = parse_cells(args.cells) if args.cells else (QUICK_CELLS if args.quick else ALL_CELLS)
+    args.window = args.window or (6.0 if args.quick else 15.0)
+    n = args.publishes or (2 if args.quick else 4)
+    args.publishes = {"1m": n, "10m": n}
+    args.settle = 2.0 if args.quick else 5.0
+    args.deadline = 30.0 if args.quick else 45.0  # one publish: missed past this (and the size's last)
+    args.budget = 40.0 if args.quick else 60.0  # one size's publishes in one cell: no new one past this
+    print(f"control plane bench: cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
+          f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
+          f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
+    result = {"bench": "control_plane", **{f"target_{k}": v for k, v in TARGETS.items()}}
+    with H.TempDir() as tmp:
+        for c, h in cells:
+            key = f"c{c}_h{h}"
+            try:
+                r = run_cell(c, h, args, tmp)
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"  {key}: FAILED: {exc}", flush=True)
+                result[f"{key}_error"] = str(exc).splitlines()[0][:200]
+                continue
+            show(key, r)
+            result.update(figures(key, r))
+    H.emit_json(result)
+
+
+if __name__ == "__main__":
+    main()
