@@ -403,7 +403,7 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
 VANISH_HEARTBEAT_S = 30.0
 # The run's target: a time (an env-step or return target is reached at a machine's own speed, before the fault or
 # long after it); what it learns meanwhile is checked by the env steps made after the host came back.
-VANISH_WALL_S = 140  # the fault and the re-admission are over by ~90 s; then 1000 more env steps
+VANISH_WALL_S = 115  # fault and re-admission over 45-65 s after the start here (95 s under heavy load); then 1000 env steps
 
 
 def role_copies(run_id: str) -> Counter:
