@@ -266,26 +266,39 @@ def test_a_run_whose_env_cannot_be_made_fails_at_once_naming_the_cause(tmp_path,
 
 
 @pytest.mark.slow  # end to end with real processes: the slow tier
-def test_a_sigterm_while_the_run_ends_at_its_target_does_not_force_its_shutdown(tmp_path):
-    """A run shutting down because it met its target, sent SIGTERM then (a sweep's scheduler dying, `rlctl stop`,
-    Slurm): its processes still stop gracefully, the learner's last checkpoint written; none is SIGKILLed."""
-    job = small_job(tmp_path, name="ending", stop="env_steps = 3000\nwall_s = 120")
+@pytest.mark.parametrize("when", ["at-its-target", "twice"])
+def test_sigterms_do_not_force_a_shutdown(tmp_path, when):
+    """SIGTERM while a run shuts down at its target, or several for one stop (PR_SET_PDEATHSIG sends one per thread
+    of a dying parent: a sweep's trials got two), stop it gracefully: the learner's last checkpoint written, no
+    process SIGKILLed. (A second Ctrl-C still forces: test_a_second_ctrl_c_during_start_up_forces_the_stop....)"""
+    stop = "env_steps = 3000\nwall_s = 120" if when == "at-its-target" else "wall_s = 120"
+    job = small_job(tmp_path, name="ending", stop=stop)
     runs = tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log = wait_for(lambda: runs.exists() and any(runs.iterdir()) and only_run(runs) / "logs" / "supervisor.log",
                        60, what="the run directory")
-        wait_for(lambda: log.is_file() and "stopping: charts/env_steps" in log.read_text(), 90, interval=0.005,
-                 what="the run stopping at its target")
-        learner = next(p for p in read_state(only_run(runs))["processes"] if p["name"] == "learner-0")
-        # The learner held still (its last update, its checkpoint not yet done) while the SIGTERM arrives: a forced
-        # stop would SIGKILL it now; a graceful one lets it finish once it goes on.
+        if when == "at-its-target":
+            wait_for(lambda: log.is_file() and "stopping: charts/env_steps" in log.read_text(), 90, interval=0.005,
+                     what="the run stopping at its target")
+        else:
+            wait_for(lambda: read_state(only_run(runs)).get("metrics", {}).get("learner/updates", 0) > 0, 90,
+                     what="a first update")
+        processes = {p["name"]: p for p in read_state(only_run(runs))["processes"]}
+        learner = processes["learner-0"]
+        # The learner held still while the signals arrive: a forced stop would SIGKILL it now; a graceful one lets
+        # it finish (its last update, its checkpoint) once it goes on.
         os.killpg(learner["pgid"], signal.SIGSTOP)
         alive = pid_alive(learner["pid"])
-        collector = next(p for p in read_state(only_run(runs))["processes"] if p["name"] == "collector-0")
-        wait_for(lambda: not pid_alive(collector["pid"]), 30, interval=0.01, what="the shutdown under way")
-        proc.send_signal(signal.SIGTERM)
+        if when == "at-its-target":
+            wait_for(lambda: not pid_alive(processes["collector-0"]["pid"]), 30, interval=0.01,
+                     what="the shutdown under way")
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
         time.sleep(1.0)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(learner["pgid"], signal.SIGCONT)
@@ -295,8 +308,11 @@ def test_a_sigterm_while_the_run_ends_at_its_target_does_not_force_its_shutdown(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     state = read_state(only_run(runs))
-    assert alive, out  # the signal came while the learner was still finishing
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "env_steps", (state, out)
+    assert alive, out  # the signals came while the learner was still running
+    if when == "at-its-target":
+        assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "env_steps", (state, out)
+    else:
+        assert state["status"] == "stopped" and state["exit_reason"] == "stopped by SIGTERM", (state, out)
     codes = {p["name"]: p["exit_code"] for p in state["processes"]}
     assert all(code != -signal.SIGKILL for code in codes.values()), codes
     assert (only_run(runs) / "checkpoints" / "latest.pt").is_file()

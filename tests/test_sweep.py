@@ -123,8 +123,9 @@ def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_
     scheduler = wait_for(lambda: json.loads((sweep / "sweep.json").read_text()).get("supervisor_pid"), what="pid")
     begun = ["t000", "t001"]
 
-    def learning(t: str) -> bool:
-        return (_state(sweep / t).get("metrics") or {}).get("charts/env_steps", 0) >= 1500
+    def learning(t: str) -> bool:  # an update made: a checkpoint to write on the stop
+        metrics = _state(sweep / t).get("metrics") or {}
+        return metrics.get("charts/env_steps", 0) >= 1500 and metrics.get("learner/updates", 0) > 0
     wait_for(lambda: all(learning(t) for t in begun), timeout=120, what="both first trials learning")
     supervisors = [_state(sweep / t)["supervisor_pid"] for t in begun]
     os.kill(scheduler, signal.SIGKILL)
@@ -157,8 +158,9 @@ def test_stop_of_a_sweep_stops_its_scheduler_and_every_trial_keeping_checkpoints
     runs = tmp_path / "runs"
     sweep_id = run_cli(["sweep", str(f), "--detach", "--runs-dir", str(runs)]).stdout.strip()
     sweep = runs / sweep_id
-    wait_for(lambda: all(_state(sweep / t).get("status") == "running" for t in ("t000", "t001")), timeout=120,
-             what="both trials running")
+    # Learning, not just started: a learner stopped while it still imports torch has no checkpoint to write yet.
+    wait_for(lambda: all((_state(sweep / t).get("metrics") or {}).get("learner/updates", 0) > 0
+                         for t in ("t000", "t001")), timeout=120, what="both trials learning")
     scheduler = json.loads((sweep / "sweep.json").read_text())["supervisor_pid"]
     proc = run_cli(["stop", sweep_id, "--runs-dir", str(runs)], timeout=120)
     assert f"{sweep_id} stopped" in proc.stdout

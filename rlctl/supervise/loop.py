@@ -80,19 +80,17 @@ class Supervisor:
         self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.stop_signals = 0
-        self.asked = 0  # SIGINTs and SIGTERMs: a second one forces the stop
         self.shutting_down = False
         self.forced = False  # processes are SIGKILLed now, not after the grace
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
         self.preemption.on_signal(signum)
-        self.asked += signum in (signal.SIGINT, signal.SIGTERM)
-        # A second stop forces it, whenever it came (two Ctrl-Cs during start-up too), and so does Ctrl-C once the
-        # run's own end (a target met) is shutting it down. One SIGTERM then asks for nothing more than what is
-        # under way: a sweep's trial whose scheduler died (PDEATHSIG), `rlctl stop` or Slurm arriving as the run
-        # reaches its target must not lose its last checkpoint to a SIGKILL.
-        if self.asked >= 2 or (signum == signal.SIGINT and self.shutting_down):
+        # Ctrl-C on a stop already under way (a second Ctrl-C, during start-up too; or one after `rlctl stop`, or
+        # while the run's own end shuts it down) forces it. SIGTERM never does: one process may get several for
+        # one cause (PR_SET_PDEATHSIG sends one as each thread of a dying parent exits: a sweep scheduler's trials
+        # got two), and `rlctl stop`, Slurm and timeout(1) escalate to SIGKILL themselves.
+        if signum == signal.SIGINT and (self.stop_signals >= 2 or self.shutting_down):
             self.forced = True
         if self.run_state.exit_reason is None:
             self.run_state.exit_reason = f"stopped by {signal.Signals(signum).name}"
