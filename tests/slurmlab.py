@@ -29,6 +29,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from hostlab import MARKER_ENV, HostLab, _set_pdeathsig
 
 START_TIMEOUT_S = 30.0
@@ -242,3 +244,16 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def __exit__(self, *exc) -> None:
         """Close the lab."""
         self.close()
+
+
+def module_lab(tmp_path_factory, count: int, **options):
+    """A module fixture's body: `count` nodes started (the module skipped where network namespaces are missing),
+    yielded, and torn down after the module."""
+    try:
+        lab = SlurmLab(tmp_path_factory.mktemp("slurm"), count, **options).start()
+    except RuntimeError as exc:
+        if "network namespaces" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    with lab:
+        yield lab

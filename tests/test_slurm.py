@@ -31,14 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurmlab.unavailable() is not
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """Three Slurm nodes for the whole module."""
-    try:
-        lab = slurmlab.SlurmLab(tmp_path_factory.mktemp("slurm"), 3).start()
-    except RuntimeError as exc:
-        if "network namespaces" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    with lab:
-        yield lab
+    yield from slurmlab.module_lab(tmp_path_factory, 3)
 
 
 @pytest.fixture(autouse=True)

@@ -26,14 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurmlab.unavailable() is not
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """Three Slurm nodes for the whole module; a requeued job may start again 10 s after."""
-    try:
-        lab = slurmlab.SlurmLab(tmp_path_factory.mktemp("slurm"), 3, cred_expire_s=10).start()
-    except RuntimeError as exc:
-        if "network namespaces" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    with lab:
-        yield lab
+    yield from slurmlab.module_lab(tmp_path_factory, 3, cred_expire_s=10)
 
 
 @pytest.fixture(autouse=True)
