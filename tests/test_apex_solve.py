@@ -35,10 +35,11 @@ def test_apex_job_solves_cartpole_and_its_checkpoint_scores_475(tmp_path):
     run_cli(["run", str(_job_copy(tmp_path)), "--runs-dir", str(runs)], timeout=CAP_S + 120)
     run_dir = only_run(runs)
     _assert_solved(run_dir)
-    # The learned checkpoint, loaded again in a fresh process, on fresh episodes.
-    res = run_cli(["eval", run_dir.name, "--episodes", "10", "--json", "--runs-dir", str(runs)], timeout=120)
+    # The learned checkpoint, loaded again in a fresh process, on 100 fresh episodes (CartPole's own definition of
+    # solved; ten let one failed episode of an otherwise solid policy decide).
+    res = run_cli(["eval", run_dir.name, "--episodes", "100", "--json", "--runs-dir", str(runs)], timeout=120)
     result = json.loads(res.stdout)
-    assert result["episodes"] == 10 and result["return_mean"] >= 475, result
+    assert result["episodes"] == 100 and result["return_mean"] >= 475, result
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
 
 

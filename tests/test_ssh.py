@@ -401,9 +401,6 @@ def test_remote_restart_and_lost_host_are_reported_per_host(lab, tmp_path):
 # Above what the re-placement takes on a busy 2-core machine: the silence itself, network.session_timeout_s + 5 s
 # for a copy cut off on the lost host to have ended itself, and ~12 s for a collector to start (torch imported).
 VANISH_HEARTBEAT_S = 30.0
-# The run's target: a time (an env-step or return target is reached at a machine's own speed, before the fault or
-# long after it); what it learns meanwhile is checked by the env steps made after the host came back.
-VANISH_WALL_S = 115  # fault and re-admission over 45-65 s after the start here (95 s under heavy load); then 1000 env steps
 
 
 def role_copies(run_id: str) -> Counter:
@@ -431,8 +428,9 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
         pytest.skip("taking a host's network down needs network namespaces")
     job = spread_job(lab, tmp_path, "appo", {0: {"learner": True}, 1: {"collectors": 1}, 2: {"collectors": 2}},
                      name="ssh-vanish", train_return="1000.0")
-    job.write_text(job.read_text().replace(f"wall_s = {CAP_S}", f"wall_s = {VANISH_WALL_S}")
-                   + f"\n[logging]\nheartbeat_timeout_s = {VANISH_HEARTBEAT_S}\n\n[network]\nsession_timeout_s = 3.0\n")
+    # No target is met before the fault or soon after it (the train return of 1000 is out of reach): the run goes on
+    # until the test has seen it learn on h2 and stops it.
+    job.write_text(job.read_text() + f"\n[logging]\nheartbeat_timeout_s = {VANISH_HEARTBEAT_S}\n\n[network]\nsession_timeout_s = 3.0\n")
     runs = tmp_path / "runs"
     run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
     run_dir, h3 = runs / run_id, lab.hosts[2]
@@ -479,11 +477,11 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
     copies = role_copies(run_id)
     assert copies == Counter({("collector", "0", "h2"): 1, ("collector", "1", "h2"): 1,
                               ("collector", "2", "h2"): 1}), copies
-    wait_for(lambda: read_state(run_dir).get("status") in ("finished", "failed", "stopped"), CAP_S,
-             what="the run's end")
+    wait_for(lambda: read_state(run_dir)["metrics"].get("charts/env_steps", 0) > steps_back + 1000, 60,
+             what="1000 env steps after h3 came back")
+    run_cli(["stop", run_id, "--runs-dir", str(runs)], timeout=120)
     state = read_state(run_dir)
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "wall_s", state.get("exit_reason")
-    assert state["metrics"]["charts/env_steps"] > steps_back + 1000, (steps_back, state["metrics"])
+    assert state["status"] == "stopped", state.get("exit_reason")
     assert {p["name"]: p["host"] for p in state["processes"] if p["role"] == "collector"} == {
         "collector-0": "h2", "collector-1": "h2", "collector-2": "h2"}
     wait_for(lambda: run_processes_anywhere(run_id) == [], 30, what="nothing of the run left")
