@@ -20,8 +20,14 @@ the slowest of them), split into the silence before the host is lost and the res
 have ended itself, session_timeout_s + 5 s, and the collectors' start); then the interface comes back and the host
 is re-admitted before the next round.
 
+Then, on a test Slurm cluster (tests/slurmlab.py: three nodes; needs root and slurm-wlm, else skipped),
+`--preempt-rounds` times: an `rlctl run --sbatch` of jobs/apex-slurm.toml requeued mid-run by `scontrol requeue` ->
+its first update in the next allocation (the lab lets a requeued job start again after 10 s; Slurm's default is
+120 s), the learner updates it reported before the preemption that its resumed learner no longer had, and the replay
+transitions that did not come back (the shard's snapshot written at the preemption minus the one it loaded).
+
 Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...,
-"host_loss_to_step_s": ...}
+"host_loss_to_step_s": ..., "preempt_to_update_s": ..., "preempt_updates_lost": ..., "preempt_replay_lost": ...}
 """
 
 from __future__ import annotations
@@ -169,19 +175,71 @@ def host_loss(rounds: int) -> list[tuple[float, float]] | None:
         return out
 
 
-def main() -> None:
-    _children.install()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--host-loss-rounds", type=int, default=2, help="rounds over SSH test hosts (0: none)")
-    args = ap.parse_args()
+def last_event(log: Path, name: str, after: float, before: float):
+    """The last `name` event in `log` stamped between `after` and `before` (None if there is none)."""
+    found = [e for e in events.read(log) if e.name == name and after < (e.ts or 0) < before]
+    return found[-1] if found else None
+
+
+def preemption(rounds: int) -> list[tuple[float, int, int]] | None:
+    """Per round: seconds from `scontrol requeue` to the first update in the next allocation, learner updates lost,
+    replay transitions lost. None where a Slurm lab cannot run."""
+    import slurmlab
+    from jobfiles import shipped_job
+
+    if slurmlab.unavailable() is not None:
+        print(f"preemption: skipped ({slurmlab.unavailable()})", flush=True)
+        return None
+    with tempfile.TemporaryDirectory() as tmp, slurmlab.SlurmLab(Path(tmp), 3, cred_expire_s=10) as lab:
+        job = shipped_job(Path(tmp), "apex-slurm", name="bench-preempt", stop="env_steps = 100000000", wall_s=1200,
+                          drop=("collectors", "evaluator", "replay_shards"), drop_sections=("cluster",),
+                          extra='\n[cluster]\nscheduler = "slurm"\n[logging]\ncheckpoint_interval_s = 2.0\n')
+        runs = Path(tmp) / "runs"
+        out = subprocess.run([sys.executable, "-m", "rlctl", "run", "--sbatch", str(job), "--nodes", "3", "--time",
+                              "30:00", "--runs-dir", str(runs)], env=lab.env, cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+        if out.returncode != 0:
+            raise SystemExit(f"faults: rlctl run --sbatch failed: {out.stderr.strip()}")
+        run_dir, job_id = runs / out.stdout.strip(), re.search(r"Slurm job (\d+)", out.stderr).group(1)
+        learner_log, replay_log = run_dir / "logs" / "learner-0.log", run_dir / "logs" / "replay-0.log"
+        found, floor = [], 500
+        try:
+            for _ in range(rounds):
+                # Past the updates it had before (a resumed run's state shows those from its start on).
+                wait(lambda: state(run_dir).get("status") == "running" and learning(run_dir, floor), 180,
+                     "a learning run")
+                t0 = time.time()
+                lab.slurm("scontrol", "requeue", job_id)
+                wait(lambda: state(run_dir).get("status") == "preempted", 60, "the run marked preempted")
+                reported = int(state(run_dir)["metrics"].get("learner/updates", 0))
+                floor = reported + 500
+                t1 = wait(lambda: first_event_after(run_dir, "learner-0", "first_update", t0), 240, "the next update")
+                resumed = events.first(learner_log, "resumed", after=t0)
+                loaded = events.first(replay_log, "snapshot_loaded", after=t0)
+                written = last_event(replay_log, "snapshot_written", t0, loaded.ts) if loaded else None
+                found.append((t1 - t0, reported - int(resumed["update"]),
+                              int(written["size"]) - int(loaded["size"]) if written and loaded else -1))
+                print(f"requeued: first update in the next allocation after {t1 - t0:.1f} s; updates lost "
+                      f"{found[-1][1]} (reported {reported}, resumed at {resumed['update']}); replay transitions "
+                      f"lost {found[-1][2]}", flush=True)
+        finally:
+            lab.slurm("scancel", job_id)
+            lab.settle()
+        return found
+
+
+def local_faults(rounds: int) -> dict[str, list[float]]:
+    """Seconds per round on this machine: collector kill -> first batch, learner rank kill -> first update,
+    --resume -> first update."""
     out: dict[str, list[float]] = {"collector": [], "learner": [], "resume": []}
+    if rounds < 1:
+        return out
     with tempfile.TemporaryDirectory() as tmp:
         job, runs, log = Path(tmp) / "apex.toml", Path(tmp) / "runs", Path(tmp) / "rlctl.out"
         job.write_text(job_text())
         sup = start(["run", str(job), "--runs-dir", str(runs)], log)
         run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
-        for r in range(args.rounds):
+        for r in range(rounds):
             wait(lambda: learning(run_dir, 1000) and row(run_dir, "collector-0").get("state") == "running", 120,
                  "a learning run")
             pgid, t0 = row(run_dir, "collector-0")["pid"], time.time()
@@ -208,20 +266,44 @@ def main() -> None:
             print(f"run --resume: first update after {t1 - t0:.2f} s (round {r + 1})", flush=True)
         sup.send_signal(signal.SIGTERM)
         sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 10)
+    return out
+
+
+def median(xs) -> float | None:
+    """The median, rounded; None of nothing."""
+    xs = list(xs)
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def main() -> None:
+    _children.install()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--host-loss-rounds", type=int, default=2, help="rounds over SSH test hosts (0: none)")
+    ap.add_argument("--preempt-rounds", type=int, default=2, help="rounds on a test Slurm cluster (0: none)")
+    args = ap.parse_args()
+    out = local_faults(args.rounds)
     hosts = host_loss(args.host_loss_rounds) if args.host_loss_rounds > 0 else None
+    preempts = preemption(args.preempt_rounds) if args.preempt_rounds > 0 else None
     result = {"bench": "faults", "rounds": args.rounds,
-              "collector_recover_s": round(statistics.median(out["collector"]), 3),
-              "learner_recover_s": round(statistics.median(out["learner"]), 3),
-              "resume_first_update_s": round(statistics.median(out["resume"]), 3),
-              "host_loss_to_step_s": round(statistics.median(t for t, _ in hosts), 3) if hosts else None,
-              "host_loss_detect_s": round(statistics.median(d for _, d in hosts), 3) if hosts else None,
+              "collector_recover_s": median(out["collector"]),
+              "learner_recover_s": median(out["learner"]),
+              "resume_first_update_s": median(out["resume"]),
+              "host_loss_to_step_s": median(t for t, _ in hosts or []),
+              "host_loss_detect_s": median(d for _, d in hosts or []),
               "host_loss_heartbeat_timeout_s": HOST_LOSS_HEARTBEAT_S,
+              "preempt_to_update_s": median(t for t, _, _ in preempts or []),
+              "preempt_updates_lost": max(u for _, u, _ in preempts) if preempts else None,
+              "preempt_replay_lost": max(r for _, _, r in preempts) if preempts else None,
               "all_s": {**{k: [round(x, 3) for x in v] for k, v in out.items()},
-                        "host_loss": [round(t, 3) for t, _ in hosts or []]}}
+                        "host_loss": [round(t, 3) for t, _ in hosts or []],
+                        "preempt": [round(t, 3) for t, _, _ in preempts or []]}}
     print(f"median seconds: collector kill -> first batch {result['collector_recover_s']}, learner kill -> first "
           f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}, "
           f"collector host cut off -> its collectors stepping elsewhere {result['host_loss_to_step_s']} "
-          f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g})")
+          f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g}), Slurm requeue -> first update in the next allocation "
+          f"{result['preempt_to_update_s']} (updates lost {result['preempt_updates_lost']}, replay transitions lost "
+          f"{result['preempt_replay_lost']})")
     print(json.dumps(result))
 
 
