@@ -512,7 +512,8 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
             as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
     """Runs side by side: the job keys that differ, time and env steps to the stop target, final figures; a sweep's
     trials ranked by time to target."""
-    from rlctl.views.console import compare_data, compare_view, get_console, print_json
+    from rlctl.views.compare_view import compare_data, compare_view
+    from rlctl.views.console import get_console, print_json
     from rlctl.views.sweep_view import ranked_trials
 
     found = _sweep_named(runs_dir, runs[0]) if len(runs) == 1 else None

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlctl import liveness, run_logs, rundir
-from rlctl.views import console, log_view
+from rlctl.views import compare_view, console, log_view
 from rlctl.rundir import RunDir, RunNotFound
 
 OWN_START = liveness.process_start_time(os.getpid())  # with the pid: a supervisor alive as recorded
@@ -674,7 +674,7 @@ def test_compare_of_three_runs_shows_every_run_id_and_its_time_to_target(tmp_pat
         rd.write_state({"run_id": rd.run_id, "status": "finished", "started_at": T0, "ended_at": T0 + seconds,
                         "exit_reason": reason, "metrics": {"charts/env_steps": 1000 * seconds}})
         made.append(rd)
-    text = _render(console.compare_view(made), width)
+    text = _render(compare_view.compare_view(made), width)
     lines = text.splitlines()
     assert max(map(len, lines)) <= width
     for rd, to_target in zip(made, ("2m00s", "not reached", "20m35s")):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.views import bottleneck
 from rlctl import metric_names as M
 from rlctl import run_reading
+from rlctl.run_reading import elapsed_s, real_number
 from rlctl.rundir import OVER_STATES, RunDir, status_of
 from rlctl.run_status import RunStatus
 
@@ -72,16 +73,9 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def _num(x: Any) -> float | None:
-    """x as a float if it is a real number (not bool/None/str), else None."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x)
-
-
 def format_duration(seconds: float | None) -> str:
     """Compact duration: "12.3s", "4m05s", "2h03m"; "-" if unknown."""
-    s = _num(seconds)
+    s = real_number(seconds)
     if s is None or math.isnan(s):
         return "-"
     if math.isinf(s):
@@ -104,7 +98,7 @@ def format_eta(seconds: float) -> str:
 
 def format_rate(x: float | None) -> str:
     """Compact number with SI suffix: "12.3", "12.3k", "1.2M"; "-" for None."""
-    value = _num(x)
+    value = real_number(x)
     if value is None:
         return "-" if x is None else str(x)
     if math.isnan(value) or math.isinf(value):
@@ -118,25 +112,20 @@ def format_rate(x: float | None) -> str:
 
 def _format_count(x: Any) -> str:
     """Whole-number count ("123456"), "-" if missing."""
-    value = _num(x)
+    value = real_number(x)
     return "-" if value is None or not math.isfinite(value) else str(int(value))
 
 
-def _format_float(x: Any, digits: int = 1) -> str:
+def format_float(x: Any, digits: int = 1) -> str:
     """Fixed-point number, "-" if missing."""
-    value = _num(x)
+    value = real_number(x)
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _metrics(state: dict) -> dict:
+def metrics_of(state: dict) -> dict:
     """The state's metrics dict (empty if missing or malformed)."""
     metrics = state.get("metrics") if isinstance(state, dict) else None
     return metrics if isinstance(metrics, dict) else {}
-
-
-def _elapsed(state: dict, now: float | None = None) -> float | None:
-    """Seconds the run has been going, every segment of a resumed run added up (rlctl.run_reading.elapsed_s)."""
-    return run_reading.elapsed_s(state, now)
 
 
 def _styled(status: str) -> "Text":
@@ -148,7 +137,7 @@ def _styled(status: str) -> "Text":
 
 def _local_time(ts: Any) -> str:
     """Local "YYYY-mm-dd HH:MM:SS" of an epoch time, "-" if missing."""
-    value = _num(ts)
+    value = real_number(ts)
     if value is None:
         return "-"
     try:
@@ -183,7 +172,7 @@ def build_table(title: str | None, columns: list[str], rows: list[list], width: 
     right = []
     for i in range(len(columns)):
         values = [row[i] for row in rows if i < len(row) and row[i] is not None]
-        right.append(bool(values) and all(_num(v) is not None for v in values))
+        right.append(bool(values) and all(real_number(v) is not None for v in values))
     keep = list(range(len(columns)))
     table = None
     for name in [None, *drop]:
@@ -204,7 +193,7 @@ def _job_from_run_id(run_id: str) -> str:
 def _run_row(rundir: RunDir) -> list:
     """One row of the runs table."""
     state = rundir.read_state() or {}
-    metrics = _metrics(state)
+    metrics = metrics_of(state)
     hosts = state.get("hosts")
     return [
         rundir.run_id,
@@ -212,9 +201,9 @@ def _run_row(rundir: RunDir) -> list:
         state.get("algorithm") or "-",
         _styled(rundir.effective_status(state) if state else RunStatus.UNKNOWN),
         _local_time(run_reading.first_started(state)),
-        format_duration(_elapsed(state)),
+        format_duration(elapsed_s(state)),
         format_count(metrics.get(M.ENV_STEPS)),
-        _format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
+        format_float(metrics.get(M.EPISODE_RETURN_MEAN)),
         ", ".join(map(str, hosts)) if isinstance(hosts, list) and hosts else "-",
     ]
 
@@ -234,9 +223,9 @@ def runs_table_rows(runs: list[RunDir]) -> tuple[list[str], list[list]]:
 
 def _process_row(proc: dict, now: float) -> list:
     """One row of the processes table."""
-    rate = _num(proc.get("rate"))
+    rate = real_number(proc.get("rate"))
     unit = proc.get("rate_unit") or ""
-    heartbeat = _num(proc.get("last_heartbeat"))
+    heartbeat = real_number(proc.get("last_heartbeat"))
     return [
         proc.get("name") or "-",
         proc.get("role") or "-",
@@ -309,13 +298,13 @@ def header_lines(state: dict, now: float | None = None, width: int | None = None
     the ETA), then (where they apply) rollout lag, central inference and divergence. With `width`, a line that does
     not fit first drops the sparkline, then breaks between its " | " parts: no figure is cut."""
     state = state if isinstance(state, dict) else {}
-    metrics = _metrics(state)
+    metrics = metrics_of(state)
     # The run id begins with the job's name: the first line stays short enough for 80 columns.
     run_id = str(state.get("run_id") or state.get("job") or "-")
     lines = fit_parts([f"{run_id} ({state.get('algorithm') or '-'})", status_of(state),
-                       format_duration(_elapsed(state, now))], width)
-    figures = [_steps_text(state, now), f"return {_format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
-               f"eval {_format_float(metrics.get(M.EVAL_RETURN_MEAN))}"]
+                       format_duration(elapsed_s(state, now))], width)
+    figures = [_steps_text(state, now), f"return {format_float(metrics.get(M.EPISODE_RETURN_MEAN))}",
+               f"eval {format_float(metrics.get(M.EVAL_RETURN_MEAN))}"]
     eta = _eta_text(state, now)
     if eta:
         figures.append(eta)
@@ -350,18 +339,18 @@ def fit_parts(parts: list[str], width: int | None, sep: str = " | ") -> list[str
 
 def format_count(x: Any) -> str:
     """A count as a whole number with thousands separators ("169,199", "0"); "-" if missing."""
-    value = _num(x)
+    value = real_number(x)
     return "-" if value is None or not math.isfinite(value) else f"{int(value):,}"
 
 
 def _steps_text(state: dict, now: float | None) -> str:
     """"env steps 169,199 (2.0k/s)": the rate over the last seconds while the run goes, the run's average once it
     is over."""
-    metrics = _metrics(state)
-    steps = _num(metrics.get(M.ENV_STEPS))
+    metrics = metrics_of(state)
+    steps = real_number(metrics.get(M.ENV_STEPS))
     text = f"env steps {format_count(steps if steps is not None else 0)}"
     if status_of(state) in OVER_STATES:
-        elapsed = _elapsed(state, now)
+        elapsed = elapsed_s(state, now)
         return text + (f" (avg {format_rate(steps / elapsed)}/s)" if steps and elapsed else "")
     rate = _steps_rate(state)
     return text + (f" ({format_rate(rate)}/s)" if rate is not None else "")
@@ -373,14 +362,14 @@ def _steps_rate(state: dict) -> float | None:
     from rlctl.supervise.stop_progress import window_rate
 
     rate = window_rate(state.get("progress_history"))
-    return _num(_metrics(state).get(M.ENV_STEPS_PER_S)) if rate is None else rate
+    return real_number(metrics_of(state).get(M.ENV_STEPS_PER_S)) if rate is None else rate
 
 
 def stop_rows(state: dict, now: float | None = None) -> list:
     """The run's stop criteria (rlctl.supervise.stop_progress.StopProgress), with ETAs only while it runs."""
     from rlctl.supervise.stop_progress import stop_progress
 
-    return stop_progress(state.get("stop"), _metrics(state), _elapsed(state, now), state.get("episodes_seen"),
+    return stop_progress(state.get("stop"), metrics_of(state), elapsed_s(state, now), state.get("episodes_seen"),
                          state.get("progress_history"), over=status_of(state) != RunStatus.RUNNING)
 
 
@@ -515,9 +504,9 @@ class _RunView:
 
 def divergence_text(metrics: dict) -> str | None:
     """"DIVERGING: ..." while the learner reports runaway or non-finite values, else None."""
-    if not _num(metrics.get(M.DIVERGING)):
+    if not real_number(metrics.get(M.DIVERGING)):
         return None
-    q, bound = _num(metrics.get(M.Q_ABS_MAX)), _num(metrics.get(M.Q_BOUND))
+    q, bound = real_number(metrics.get(M.Q_ABS_MAX)), real_number(metrics.get(M.Q_BOUND))
     if q is not None and bound is not None and math.isfinite(q):
         return f"DIVERGING: |Q| {q:.3g} against a bound of {bound:.3g} (max reward / (1 - gamma))"
     return "DIVERGING: non-finite losses or values"
@@ -525,7 +514,7 @@ def divergence_text(metrics: dict) -> str | None:
 
 def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
     """(policy lag, dropped rollouts) as text for the rollout algorithms; None for the others."""
-    lag = _num(metrics.get(M.POLICY_LAG_MEAN))
+    lag = real_number(metrics.get(M.POLICY_LAG_MEAN))
     if lag is None:
         return None
     return f"{lag:.1f}", _format_count(metrics.get(M.ROLLOUTS_DROPPED, 0))
@@ -533,10 +522,10 @@ def _rollout_figures(metrics: dict) -> tuple[str, str] | None:
 
 def _inference_figures(metrics: dict) -> tuple[str, str, str, str] | None:
     """(requests/s, mean batch, p50 ms, p99 ms) of the central inference servers as text; None without them."""
-    rate = _num(metrics.get(M.INFERENCE_REQUESTS_PER_S))
+    rate = real_number(metrics.get(M.INFERENCE_REQUESTS_PER_S))
     if rate is None:
         return None
-    batch, p50, p99 = (_num(metrics.get(k)) or 0.0 for k in (M.INFERENCE_BATCH_SIZE_MEAN, M.INFERENCE_LATENCY_P50,
+    batch, p50, p99 = (real_number(metrics.get(k)) or 0.0 for k in (M.INFERENCE_BATCH_SIZE_MEAN, M.INFERENCE_LATENCY_P50,
                                                               M.INFERENCE_LATENCY_P99))
     return format_rate(rate), f"{batch:.1f}", f"{p50:.2f}", f"{p99:.2f}"
 
@@ -570,21 +559,21 @@ def live_renderable(state: dict) -> "RenderableType":
 def progress_line(state: dict, now: float | None = None) -> str:
     """Plain single status line for non-TTY output, e.g. "[  12.3s] running env_steps=123456 (20.0k/s) ..."."""
     state = state if isinstance(state, dict) else {}
-    metrics = _metrics(state)
-    parts = [f"[{format_duration(_elapsed(state, now)):>7}]", status_of(state)]
-    steps = _num(metrics.get(M.ENV_STEPS))
+    metrics = metrics_of(state)
+    parts = [f"[{format_duration(elapsed_s(state, now)):>7}]", status_of(state)]
+    steps = real_number(metrics.get(M.ENV_STEPS))
     steps_per_s = _steps_rate(state)
     if steps is not None:
         parts.append(f"env_steps={_format_count(steps)}" + (f" ({format_rate(steps_per_s)}/s)" if steps_per_s is not None else ""))
     elif steps_per_s is not None:
         parts.append(f"env_steps/s={format_rate(steps_per_s)}")
     for label, key in (("return", M.EPISODE_RETURN_MEAN), ("eval", M.EVAL_RETURN_MEAN)):
-        if _num(metrics.get(key)) is not None:
-            parts.append(f"{label}={_format_float(metrics[key])}")
-    updates = _num(metrics.get(M.UPDATES_PER_S))
+        if real_number(metrics.get(key)) is not None:
+            parts.append(f"{label}={format_float(metrics[key])}")
+    updates = real_number(metrics.get(M.UPDATES_PER_S))
     if updates is not None:
         parts.append(f"updates/s={updates:.0f}" if abs(updates) < 1000 else f"updates/s={format_rate(updates)}")
-    samples = _num(metrics.get(M.SAMPLES_PER_S))
+    samples = real_number(metrics.get(M.SAMPLES_PER_S))
     if samples is not None:
         parts.append(f"samples/s={format_rate(samples)}")
     lag = _rollout_figures(metrics)
@@ -610,138 +599,3 @@ def progress_printer(interval_s: float = 5.0):
             print(progress_line(state), flush=True)
 
     return show
-
-
-def target_reached(state: dict) -> bool:
-    """True for a run that finished on its target: a stop criterion other than a limit (wall time; env steps beside
-    a return target)."""
-    if state.get("status") != RunStatus.FINISHED or not state.get("exit_reason"):
-        return False
-    by = state.get("stopped_by") if isinstance(state.get("stopped_by"), dict) else {}
-    stop = state.get("stop") if isinstance(state.get("stop"), dict) else {}
-    if by.get("criterion") == "env_steps" and any(stop.get(k) is not None for k in ("eval_return", "train_return")):
-        return False  # a limit beside the return it was for
-    return by.get("criterion") != "wall_s" and not str(state["exit_reason"]).startswith("wall time")
-
-
-def compare_data(runs: list[RunDir]) -> dict[str, dict]:
-    """`rlctl compare --json`: per run, the job keys whose values differ between the runs (raw values), the time and
-    env steps to the stop target (null unless the run finished on a target other than wall time) and its final
-    figures, as raw numbers."""
-    import tomllib
-
-    from rlctl.metrics import flatten
-
-    jobs, states = [], []
-    for rd in runs:
-        try:
-            jobs.append(flatten(tomllib.loads(rd.job_toml.read_text())))
-        except (OSError, ValueError):
-            jobs.append({})
-        states.append(rd.read_state() or {})
-    missing = object()
-    differ = [k for k in sorted({k for job in jobs for k in job})
-              if len({json.dumps(job.get(k, missing), default=str) for job in jobs}) > 1]
-    out = {}
-    for rd, job, s in zip(runs, jobs, states):
-        m = _metrics(s)
-        reached = target_reached(s)
-        steps = _num(m.get(M.ENV_STEPS))
-        out[rd.run_id] = {
-            "job": {k: job.get(k) for k in differ},
-            "status": rd.effective_status(s) if s else RunStatus.UNKNOWN, "exit_reason": s.get("exit_reason"),
-            "time_to_target_s": _elapsed(s) if reached else None,
-            "env_steps_to_target": int(steps) if reached and steps is not None else None,
-            "elapsed_s": _elapsed(s), "env_steps": int(steps) if steps is not None else None,
-            "env_steps_per_s": _num(m.get(M.ENV_STEPS_PER_S)), "return_mean": _num(m.get(M.EPISODE_RETURN_MEAN)),
-            "eval_return_mean": _num(m.get(M.EVAL_RETURN_MEAN)),
-        }
-    return out
-
-
-def compare_rows(runs: list[RunDir], data: dict | None = None) -> tuple[list[str], list[list]]:
-    """`rlctl compare`'s wide table: one column per run; the differing job keys, then how and when each run ended."""
-    data = compare_data(runs) if data is None else data
-    first = next(iter(data.values()), {"job": {}})
-    rows = [[k, *(_cell(d["job"][k]) for d in data.values())] for k in first["job"]]
-    rows += [[label, *(fmt(d[key]) for d in data.values())] for label, key, fmt in COMPARE_FIGURES]
-    return ["", *data], rows
-
-
-def _to_target(v: Any) -> str:
-    return format_duration(v) if v is not None else "not reached"
-
-
-COMPARE_FIGURES = [  # (label, compare_data key, format), in the wide table's order
-    ("status", "status", str), ("stopped because", "exit_reason", lambda v: v or "-"),
-    ("time to target", "time_to_target_s", _to_target),
-    ("env steps to target", "env_steps_to_target", lambda v: format_count(v) if v is not None else "not reached"),
-    ("elapsed", "elapsed_s", format_duration), ("env steps", "env_steps", format_count),
-    ("env steps/s", "env_steps_per_s", format_rate), ("return", "return_mean", _format_float),
-    ("eval return", "eval_return_mean", _format_float)]
-# At narrow widths, one row per run under shorter headings; these columns give way, in this order; the run and its
-# time to target never.
-COMPARE_NARROW = {"time to target": "to target", "env steps to target": "steps to target", "eval return": "eval",
-                  "env steps": "steps", "env steps/s": "steps/s"}
-COMPARE_DROP = ["steps/s", "steps", "elapsed", "status", "return", "eval", "steps to target"]
-
-
-def compare_view(runs: list[RunDir]) -> "RenderableType":
-    """`rlctl compare`, laid out for the width it is rendered at: one column per run where that fits, else one row
-    per run (columns giving way by COMPARE_DROP, saying which) with the differing job keys under it."""
-    return _CompareView(compare_data(runs), runs)
-
-
-class _CompareView:
-    def __init__(self, data: dict, runs: list[RunDir]):
-        self.data, self.runs = data, runs
-
-    def __rich_console__(self, console, options):
-        from rich.text import Text
-
-        width = options.max_width
-        wide = build_table(None, *compare_rows(self.runs, self.data))
-        if wide.least_width() <= width:
-            yield wide
-            return
-        data = list(self.data.values())
-        order = ["time to target", "env steps to target", "eval return", "return", "status", "elapsed", "env steps",
-                 "env steps/s"]
-        figures = sorted((f for f in COMPARE_FIGURES if f[0] in order), key=lambda f: order.index(f[0]))
-        columns = ["#", "run", *(COMPARE_NARROW.get(label, label) for label, _, _ in figures)]
-        rows = [[i + 1, run_id, *(fmt(d[key]) for _, key, fmt in figures)] for i, (run_id, d) in enumerate(self.data.items())]
-        table = build_table(None, columns, rows, width, COMPARE_DROP)
-        yield table
-        left = [c for c in columns if c not in table.columns]
-        if left:
-            for line in fit_parts([f"left out at {width} columns: {', '.join(left)}:", "use a wider terminal or --json"],
-                                  width, " "):
-                yield Text(line, style="dim")
-        for i, d in enumerate(data):
-            if d["exit_reason"]:
-                yield Text(f"{i + 1} stopped because {d['exit_reason']}")
-        if data and data[0]["job"]:
-            yield from self._keys(data, width)
-
-    def _keys(self, data: list[dict], width: int):
-        """The differing job keys, one column per run (numbered as above); runs that do not fit are named."""
-        from rich.text import Text
-
-        keys = list(data[0]["job"])
-        shown = len(data)
-        while True:
-            table = build_table(None, ["job key", *(str(i + 1) for i in range(shown))],
-                                [[k, *(_cell(d["job"][k]) for d in data[:shown])] for k in keys])
-            if table.least_width() <= width or shown == 1:
-                break
-            shown -= 1
-        yield Text("")
-        yield table
-        if shown < len(data):
-            yield Text(f"+{len(data) - shown} runs: use a wider terminal or --json", style="dim")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return json.dumps(value) if isinstance(value, (list, dict, bool)) else str(value)

@@ -13,7 +13,8 @@ from rlctl.run_reading import as_read, real_number
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
 from rlctl.sweep_dir import SweepDir, trial_status
-from rlctl.views.console import build_table, format_duration, stop_rows, target_reached
+from rlctl.views.compare_view import target_reached
+from rlctl.views.console import build_table, format_duration, stop_rows
 
 SWEEP_COLUMNS = ["trial", "values", "status", "progress", "best return", "to target", "elapsed"]
 SWEEP_DROP = ["elapsed", "best return"]
