@@ -340,13 +340,15 @@ def _print_sweep_plan(spec, as_json: bool) -> None:
     from rlctl.views.console import build_table, get_console, print_json
     from rlctl.views.sweep_view import plan_rows
 
-    trials = [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials]
+    trials = [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials]
     if as_json:
         print_json({"name": spec.name, "base": str(spec.base), "max_concurrent": spec.max_concurrent,
-                    "trials": trials})
+                    "place": spec.place, "trials_per_host": spec.trials_per_host, "trials": trials})
         return
     con = get_console()
-    con.print(f"sweep {spec.name}: {len(trials)} trials of {spec.base}, {spec.max_concurrent} at once", markup=False)
+    where = f", each on one host, {spec.trials_per_host} per host at most" if spec.place == "hosts" else ""
+    con.print(f"sweep {spec.name}: {len(trials)} trials of {spec.base}, {spec.max_concurrent} at once{where}",
+              markup=False)
     con.print(build_table(None, *plan_rows(trials, [p.key for p in spec.params])))
 
 

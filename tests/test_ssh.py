@@ -549,3 +549,34 @@ def test_checkpoints_come_home_after_a_failed_fetch_and_a_host_that_never_answer
         assert len(calls.read_text().split()) == (2 if fail == 1 else 3)
         assert sorted(p.name for p in home.iterdir()) == ([] if fail == 99 else ["latest.pt"])
     assert (home.parent / "home-1" / "latest.pt").read_bytes() == (remote / "latest.pt").read_bytes()
+
+
+def test_a_sweep_with_place_hosts_runs_one_trial_on_each_host_at_once(lab, tmp_path):
+    """`rlctl sweep` with `place = "hosts"` over three lab hosts: three trials at once, one on each host with every
+    process of the trial there; all reach their target, and each trial's processes ran on its host alone."""
+    hosts = ""
+    for i in range(3):
+        (tmp_path / f"host{i + 1}").mkdir()
+        hosts += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(tmp_path / f"host{i + 1}"),
+                                      **({"learner": True, "collectors": 1} if i == 0 else {}))
+    shipped_job(tmp_path, "ppo", stop="env_steps = 3000\nwall_s = 120", drop=("collectors", "evaluator"),
+                file_name="base.toml", extra=hosts)
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text('[sweep]\nbase = "base.toml"\nseeds = [1, 2, 3]\nmax_concurrent = 3\nplace = "hosts"\n'
+                          '[sweep.params]\n"algorithm.lr" = [4e-3]\n')
+    runs = tmp_path / "runs"
+    proc = run_cli(["sweep", str(sweep_file), "--runs-dir", str(runs)], timeout=300, env={"COLUMNS": "160"})
+    assert re.search(r"\| finished \| 3 trials: 3 finished", proc.stdout), proc.stdout
+    sweep_dir = next(p for p in runs.iterdir() if (p / "sweep.json").is_file())
+    trials = json.loads((sweep_dir / "sweep.json").read_text())["trials"]
+    assert [t["host"] for t in trials] == ["h1", "h2", "h3"]
+    spans = []
+    for t in trials:
+        state = read_state(sweep_dir / t["id"])
+        assert state["status"] == "finished", state.get("exit_reason")
+        assert {p["host"] for p in state["processes"]} == {t["host"]}, state["processes"]
+        assert {p["role"] for p in state["processes"]} == {"learner", "collector"}
+        spans.append((state["started_at"], state["ended_at"]))
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # all three ran at once
+    status = run_cli(["status", sweep_dir.name, "--runs-dir", str(runs)], env={"COLUMNS": "160"}).stdout
+    assert re.search(r"t002 +lr=0\.004 seed=3 +h3 +finished", status), status

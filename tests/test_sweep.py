@@ -41,6 +41,9 @@ def _base(directory: Path, stop: str = "train_return = 150.0\nwall_s = 120") -> 
     ('"algorithm.ent_coef" = { log_uniform = [0, 1] }', "trials = 2", [r"log_uniform: bounds above 0"]),
     ('"algorithm.lr" = [1e-3]', "trials = 3", [r"sweep\.trials: draws from distributions"]),
     ('"algorithm.lr" = { normal = [0, 1] }', "", [r"sweep\.params\.'algorithm\.lr': a list \(a grid axis\) or one"]),
+    ('"algorithm.lr" = [1e-3]', 'place = "cloud"', [r"sweep\.place: one of 'local', 'hosts' \(got 'cloud'\)"]),
+    ('"algorithm.lr" = [1e-3]', 'place = "hosts"', [r"sweep\.place: \"hosts\" runs each trial on one of the base job's "
+                                                    r"\[\[hosts\]\]; base\.toml lists none"]),
 ])
 def test_a_bad_sweep_file_exits_2_naming_file_parameter_and_trial_and_starts_nothing(tmp_path, body, head, says):
     _base(tmp_path)
@@ -75,6 +78,61 @@ def test_plan_lists_every_trial_grid_times_draws_times_seeds_the_same_each_time(
     assert len(draws) == 2 and all(1e-4 <= d <= 1e-1 for d in draws)
     table = run_cli(["sweep", "--plan", str(f)], env={"COLUMNS": "120"}).stdout
     assert "8 trials" in table and re.search(r"t007 +0\.004 +[\d.e-]+ +2", table), table
+
+
+HOSTS = """
+[[hosts]]
+name = "h1"
+address = "10.9.9.1"
+learner = true
+learner_procs = 2
+collectors = 1
+
+[[hosts]]
+name = "h2"
+address = "10.9.9.2"
+collectors = 2
+evaluator = true
+
+[[hosts]]
+name = "h3"
+address = "10.9.9.3"
+collectors = 1
+"""
+
+
+def test_place_hosts_runs_each_trial_whole_on_one_host_in_turn(tmp_path):
+    """`place = "hosts"`: trial i runs on host i mod 3, with every process of the base job there (the head's learner
+    ranks, all hosts' collectors and the evaluator); `rlctl plan` shows where."""
+    shipped_job(tmp_path, "ppo", file_name="base.toml", drop=("collectors", "evaluator"), extra=HOSTS)
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 2e-3]', head='seeds = [1, 2]\nplace = "hosts"')
+    plan = json.loads(run_cli(["plan", str(f), "--json"]).stdout)
+    assert plan["place"] == "hosts" and plan["trials_per_host"] == 1
+    assert [t["host"] for t in plan["trials"]] == ["h1", "h2", "h3", "h1"]
+    table = run_cli(["plan", str(f)], env={"COLUMNS": "120"}).stdout
+    assert "each on one host, 1 per host at most" in " ".join(table.split()) and re.search(r"t003 +0\.002 +2 +h1", table), table
+    from rlctl.job.sweep_spec import load_sweep
+
+    spec = load_sweep(f)
+    for trial, job in zip(spec.trials, spec.jobs):
+        (host,) = job.hosts
+        assert (host.name, host.learner, host.learner_procs, host.collectors, host.evaluator) == (
+            trial.host, True, 2, 4, True)
+        assert host.address == {"h1": "10.9.9.1", "h2": "10.9.9.2", "h3": "10.9.9.3"}[trial.host]
+
+
+def test_host_slots_start_a_trial_only_where_its_host_has_room():
+    from rlctl.supervise.sweep_scheduler import HostSlots
+
+    data = {"trials_per_host": 1, "trials": [{"id": "t000", "host": "h1"}, {"id": "t001", "host": "h2"},
+                                             {"id": "t002", "host": "h1"}, {"id": "t003", "host": "h2"}]}
+    slots = HostSlots(data)
+    assert slots.next_startable(["t000", "t001", "t002", "t003"], {}) == "t000"
+    assert slots.next_startable(["t002", "t003"], {"t000": None}) == "t003"  # h1 is busy; h2 is free
+    assert slots.next_startable(["t002"], {"t000": None, "t003": None}) is None
+    assert HostSlots({**data, "trials_per_host": 2}).next_startable(["t002"], {"t000": None}) == "t002"
+    local = HostSlots({"trials": [{"id": "t000", "host": None}]})
+    assert local.next_startable(["t000"], {"t009": None}) == "t000"
 
 
 def _trials(runs: Path) -> tuple[Path, list[dict]]:

@@ -1,5 +1,5 @@
-"""Reading a sweep file: `[sweep]` (the base job, seeds, trials, how many run at once) and `[sweep.params]` (job key
-paths: a list is a grid axis; `{choice=[...]}`, `{uniform=[a,b]}`, `{log_uniform=[a,b]}` are drawn `trials` times
+"""Reading a sweep file: `[sweep]` (the base job, seeds, trials, how many run at once, where they run) and
+`[sweep.params]` (job key paths: a list is a grid axis; `{choice=[...]}`, `{uniform=[a,b]}`, `{log_uniform=[a,b]}` are drawn `trials` times
 with a seeded RNG) -> a SweepSpec and every trial's validated JobSpec, or a SweepFileError naming the file, the
 parameter and the trial. Nothing starts before every trial's job has passed the job loader's own checks.
 """
@@ -13,7 +13,7 @@ import random
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlctl.job.load import JobFileError, validate_job
@@ -24,7 +24,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "params")
+SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "place", "trials_per_host", "params")
+PLACES = ("local", "hosts")  # this machine's cores; one of the base job's [[hosts]] per trial
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -70,6 +71,7 @@ class Trial:
     id: str
     values: dict
     seed: int
+    host: str | None = None  # place = "hosts": the [[hosts]] entry it runs on, all of it
 
     def label(self) -> str:
         """`t003 (algorithm.lr=0.001, seed 2)`: how messages name the trial."""
@@ -88,6 +90,8 @@ class SweepSpec:
     max_concurrent: int
     params: list[Param]
     seeds: list[int]
+    place: str = "local"
+    trials_per_host: int = 1
     trials: list[Trial] = field(default_factory=list)
     jobs: list[JobSpec] = field(default_factory=list)  # trial i's job
 
@@ -128,13 +132,46 @@ def load_sweep(path: str | Path) -> SweepSpec:
     name = table.get("name", path.stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append(f"sweep.name: letters, digits, `_`, `.`, `-` (got {name!r})")
+    place = table.get("place", "local")
+    if place not in PLACES:
+        problems.append(f"sweep.place: one of {', '.join(map(repr, PLACES))} (got {place!r})")
+    elif place == "hosts" and not (isinstance(base_data.get("hosts"), list) and base_data["hosts"]):
+        problems.append(f'sweep.place: "hosts" runs each trial on one of the base job\'s [[hosts]]; {base_path.name} '
+                        "lists none")
+    trials_per_host = _positive(table, "trials_per_host", 1, problems)
     if problems:
         raise SweepFileError(path, problems)
     seeds = seeds or [base_data.get("job", {}).get("seed", 0)]
-    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds)
+    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, place, trials_per_host)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
-    spec.jobs = _trial_jobs(path, base_data, spec.trials, params)
+    bases = [base_data]
+    if place == "hosts":
+        bases = one_host_jobs(path, base_data)
+        spec.trials = [replace(t, host=bases[i % len(bases)]["hosts"][0]["name"]) for i, t in enumerate(spec.trials)]
+    spec.jobs = _trial_jobs(path, bases, spec.trials, params)
     return spec
+
+
+def one_host_jobs(path: Path, base: dict) -> list[dict]:
+    """Per `[[hosts]]` entry of the base job, the job with all its processes on that host alone: the learner
+    (the head's learner_procs), and the collectors, replay shards and evaluator of every host together. A trial
+    placed on a host runs this job."""
+    try:
+        spec = validate_job(base, "the base job")
+    except JobFileError as exc:
+        raise SweepFileError(path, [f"sweep.base: {key or '<job>'}: {reason}" for key, reason in exc.problems]) \
+            from None
+    head = next((h for h in spec.hosts if h.learner), spec.hosts[0])
+    counts = {"learner": True, "collectors": sum(h.collectors for h in spec.hosts),
+              "replay_shards": sum(h.replay_shards for h in spec.hosts),
+              "evaluator": any(h.evaluator for h in spec.hosts)}
+    if head.learner_procs is not None:
+        counts["learner_procs"] = head.learner_procs
+    out = []
+    for raw in base["hosts"]:
+        host = {k: v for k, v in raw.items() if k not in ("learner_procs", *counts)}
+        out.append({**copy.deepcopy(base), "hosts": [{**copy.deepcopy(host), **counts}]})
+    return out
 
 
 def _base(path: Path, table: dict, problems: list[str]) -> tuple[Path, dict]:
@@ -246,12 +283,14 @@ def with_values(data: dict, values: dict) -> dict:
     return data
 
 
-def _trial_jobs(path: Path, base: dict, trials: list[Trial], params: list[Param]) -> list[JobSpec]:
-    """Each trial's job, validated; SweepFileError naming the parameter and (first) trial of every problem."""
+def _trial_jobs(path: Path, bases: list[dict], trials: list[Trial], params: list[Param]) -> list[JobSpec]:
+    """Each trial's job (trial i starts from bases[i mod len(bases)]), validated; SweepFileError naming the
+    parameter and (first) trial of every problem."""
     jobs = []
     first: dict[str, str] = {}  # parameter and key path -> the problem, told for the first trial that has it
     others: Counter = Counter()
-    for trial in trials:
+    for i, trial in enumerate(trials):
+        base = bases[i % len(bases)]
         try:
             jobs.append(validate_job(with_values(base, {**trial.values, SEED_KEY: trial.seed}), trial.id))
             continue

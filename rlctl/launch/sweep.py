@@ -29,10 +29,13 @@ from rlctl.sweep_dir import SweepDir, find_sweep
 
 def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
     """The sweep's directory under the runs folder: sweep.json and a folder per trial holding its job.toml.
-    LaunchRefused for a base job this machine's scheduler cannot place (remote hosts, Slurm)."""
-    if spec.jobs[0].cluster.scheduler == "slurm" or any(not h.is_local for h in spec.jobs[0].hosts):
-        raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs on other hosts ([[hosts]] or Slurm); "
-                            "sweeps place trials on this machine's cores only, for now")
+    LaunchRefused for a base job the sweep cannot place (Slurm; other hosts unless `place = "hosts"`)."""
+    if spec.jobs[0].cluster.scheduler == "slurm":
+        raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs in a Slurm allocation; sweeps place trials "
+                            'on this machine\'s cores or on [[hosts]] (place = "hosts"), for now')
+    if spec.place == "local" and any(not h.is_local for h in spec.jobs[0].hosts):
+        raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs on other hosts ([[hosts]]); set "
+                            'place = "hosts" in [sweep] to run each trial on one of them')
     os.umask(0o077)
     root = runs_root(runs_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -51,9 +54,10 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
             sub.mkdir()
         rundir.write_job(dumps_toml(resolved_dict(job)))
     sweep.write({"sweep_id": sweep.sweep_id, "name": spec.name, "source": str(spec.path), "base": str(spec.base),
-                 "created_at": time.time(), "max_concurrent": spec.max_concurrent,
-                 "params": [p.key for p in spec.params], "status": RunStatus.CREATED,
-                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials]})
+                 "created_at": time.time(), "max_concurrent": spec.max_concurrent, "place": spec.place,
+                 "trials_per_host": spec.trials_per_host, "params": [p.key for p in spec.params],
+                 "status": RunStatus.CREATED,
+                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials]})
     return sweep
 
 

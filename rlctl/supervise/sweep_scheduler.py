@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from rlctl.job.load import JobFileError
@@ -75,11 +76,17 @@ class SweepScheduler:
 
     def _schedule(self, queue: list[str]) -> None:
         """Start trials as slots free up, until every one has ended or a stop is asked."""
-        limit = max(1, int(self.sweep.read().get("max_concurrent") or 1))
+        data = self.sweep.read()
+        limit = max(1, int(data.get("max_concurrent") or 1))
+        slots = HostSlots(data)
         while not self.stop_signals and (queue or self.running):
             self._reap()
-            while queue and len(self.running) < limit and not self.stop_signals:
-                self._start(queue.pop(0))
+            while len(self.running) < limit and not self.stop_signals:
+                trial_id = slots.next_startable(queue, self.running)
+                if trial_id is None:
+                    break
+                queue.remove(trial_id)
+                self._start(trial_id)
             self._record(RunStatus.RUNNING)
             time.sleep(POLL_S)
 
@@ -124,6 +131,21 @@ class SweepScheduler:
     def _log(self, line: str) -> None:
         with open(self.sweep.log, "a") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+class HostSlots:
+    """Where trials may start: with `place = "hosts"`, each on its own host and at most `trials_per_host` there at
+    once; on this machine, any."""
+
+    def __init__(self, sweep_data: dict):
+        trials = sweep_data.get("trials") if isinstance(sweep_data.get("trials"), list) else []
+        self.host = {t.get("id"): t.get("host") for t in trials if isinstance(t, dict)}
+        self.per_host = max(1, int(sweep_data.get("trials_per_host") or 1))
+
+    def next_startable(self, queue: list[str], running) -> str | None:
+        """The first queued trial whose host has room, or None."""
+        busy = Counter(self.host.get(t) for t in running)
+        return next((t for t in queue if self.host.get(t) is None or busy[self.host[t]] < self.per_host), None)
 
 
 def _signal(started: StartedTrial, sig: int) -> None:

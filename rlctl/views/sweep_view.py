@@ -59,7 +59,7 @@ def trial_summary(sweep: SweepDir, trial: dict) -> dict:
     state = as_read(raw) if raw is not None else {}
     reached = raw is not None and target_reached(raw)
     return {"trial": trial["id"], "values": trial.get("values") or {}, "seed": trial.get("seed"),
-            "status": trial_status(rundir), "progress": progress(state) if raw is not None else None,
+            "host": trial.get("host"), "status": trial_status(rundir), "progress": progress(state) if raw is not None else None,
             "best_return": best_return(state) if raw is not None else None,
             "time_to_target_s": state.get("elapsed_s") if reached else None, "elapsed_s": state.get("elapsed_s"),
             "run_dir": str(rundir.path), "refused": (sweep.read().get("refused") or {}).get(trial["id"])}
@@ -83,7 +83,15 @@ def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
              f"{t['best_return']:.1f}" if t["best_return"] is not None else None,
              format_duration(t["time_to_target_s"]) if t["time_to_target_s"] is not None else None,
              format_duration(t["elapsed_s"]) if t["elapsed_s"] is not None else None] for t in data["trials"]]
+    if any(t["host"] for t in data["trials"]):  # place = "hosts": where each trial runs
+        return _with_host_column(list(SWEEP_COLUMNS), rows, [t["host"] for t in data["trials"]])
     return list(SWEEP_COLUMNS), rows
+
+
+def _with_host_column(columns: list[str], rows: list[list], hosts: list) -> tuple[list[str], list[list]]:
+    """A "host" column after the values (the trials' hosts, in row order)."""
+    at = columns.index("values") + 1 if "values" in columns else 1
+    return columns[:at] + ["host"] + columns[at:], [r[:at] + [h] + r[at:] for r, h in zip(rows, hosts)]
 
 
 def sweep_header(sweep: SweepDir) -> str:
@@ -121,8 +129,11 @@ def ranked_trials(sweep: SweepDir) -> list[RunDir]:
 def plan_rows(trials: list[dict], params: list[str]) -> tuple[list[str], list[list]]:
     """`rlctl plan SWEEP.toml`: one row per trial (id, the values of its parameters, seed); starts nothing."""
     names = short_keys(params)
-    return ["trial", *(names[k] for k in params), "seed"], [[t["id"], *(_plain(t["values"][k]) for k in params),
-                                                            t["seed"]] for t in trials]
+    columns = ["trial", *(names[k] for k in params), "seed"]
+    rows = [[t["id"], *(_plain(t["values"][k]) for k in params), t["seed"]] for t in trials]
+    if any(t.get("host") for t in trials):
+        return columns + ["host"], [r + [t.get("host")] for r, t in zip(rows, trials)]
+    return columns, rows
 
 
 def _plain(value: Any) -> str:
