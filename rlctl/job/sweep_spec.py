@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlctl.job.load import JobFileError, validate_job
+from rlctl.job.pbt_spec import PbtSpec, check_values, parse_pbt
+from rlctl.job.resolved import resolved_dict
 from rlctl.job.spec import JobSpec
 
 if sys.version_info >= (3, 11):
@@ -24,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "params")
+SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "params", "pbt")
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -90,6 +92,7 @@ class SweepSpec:
     seeds: list[int]
     trials: list[Trial] = field(default_factory=list)
     jobs: list[JobSpec] = field(default_factory=list)  # trial i's job
+    pbt: PbtSpec | None = None  # [sweep.pbt]: population-based training of the trials
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -133,8 +136,38 @@ def load_sweep(path: str | Path) -> SweepSpec:
     seeds = seeds or [base_data.get("job", {}).get("seed", 0)]
     spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
+    spec.pbt = parse_pbt(table.get("pbt"), len(spec.trials), max_concurrent, problems)
+    if problems:
+        raise SweepFileError(path, problems)
     spec.jobs = _trial_jobs(path, base_data, spec.trials, params)
+    if spec.pbt is not None:
+        _check_pbt_values(path, spec, base_data)
     return spec
+
+
+def _check_pbt_values(path: Path, spec: SweepSpec, base: dict) -> None:
+    """SweepFileError when a value a perturbation starts from or reaches is one the job schema refuses."""
+    first = spec.trials[0]
+
+    def base_value(key: str) -> object:
+        node: object = resolved_dict(spec.jobs[0])
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def refused(key: str, value: object) -> str | None:
+        try:
+            validate_job(with_values(base, {**first.values, SEED_KEY: first.seed, key: value}), first.id)
+        except TypeError as exc:
+            return f"a key path goes through a value: {exc}"
+        except JobFileError as exc:
+            return "; ".join(f"{k or '<job>'}: {reason}" for k, reason in exc.problems)
+        return None
+
+    problems: list[str] = []
+    check_values(spec.pbt, base_value, refused, problems)
+    if problems:
+        raise SweepFileError(path, problems)
 
 
 def _base(path: Path, table: dict, problems: list[str]) -> tuple[Path, dict]:

@@ -53,7 +53,8 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
     sweep.write({"sweep_id": sweep.sweep_id, "name": spec.name, "source": str(spec.path), "base": str(spec.base),
                  "created_at": time.time(), "max_concurrent": spec.max_concurrent,
                  "params": [p.key for p in spec.params], "status": RunStatus.CREATED,
-                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials]})
+                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials],
+                 **({"pbt": spec.pbt.to_json()} if spec.pbt is not None else {})})
     return sweep
 
 
