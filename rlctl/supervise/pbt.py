@@ -144,6 +144,9 @@ class PopulationTrainer:
         if status != RunStatus.STOPPED:
             self.log(f"pbt: {exploit.trial} ended {status} before its exploit of {exploit.donor}: none made")
             return False
+        if not (donor.checkpoints_dir / "latest.pt").is_file():
+            self.log(f"pbt: {exploit.donor} has no checkpoint any more: {exploit.trial} resumes as it was")
+            return True
         old_job, donor_job = load_job(rundir.job_toml), load_job(donor.job_toml)
         keys = [p.key for p in self.spec.perturb]
         old = {k: value_at(resolved_dict(old_job), k) for k in keys}
