@@ -516,7 +516,7 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
     trials ranked by time to target."""
     from rlctl.views.compare_view import compare_data, compare_view
     from rlctl.views.console import get_console, print_json
-    from rlctl.views.sweep_view import ranked_trials
+    from rlctl.views.sweep_view import lineage_lines, ranked_trials
 
     found = _sweep_named(runs_dir, runs[0]) if len(runs) == 1 else None
     dirs = ranked_trials(found) if found is not None else [_resolve(runs_dir, r) for r in runs]
@@ -526,6 +526,8 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
         print_json(compare_data(dirs))
         return
     get_console().print(compare_view(dirs))
+    for line in lineage_lines(found) if found is not None else []:
+        get_console().print(line, markup=False, highlight=False)
 
 
 @app.command()

@@ -34,8 +34,9 @@ EVENTS: dict[str, dict[str, type]] = {
     "first_batch_sent": {"process": str, "transitions": int},
     # a learner rank's first update since it started; `update` is its number, counted on from a resume
     "first_update": {"process": str, "update": int},
-    # a learner rank continues from a checkpoint: its counters, and torchrun's restart count
-    "resumed": {"process": str, "path": str, "update": int, "version": int, "restart": int},
+    # a learner rank continues from a checkpoint: its counters, torchrun's restart count, and the learning rate its
+    # optimizer uses from now on (the job's, not the checkpoint's: PBT may have changed it)
+    "resumed": {"process": str, "path": str, "update": int, "version": int, "restart": int, "lr": float},
     # a replay shard continues from its snapshot (`size` items held, `inserted` counted on), read in `seconds`
     "snapshot_loaded": {"process": str, "path": str, "size": int, "inserted": int, "seconds": float},
     # a replay shard wrote its snapshot

@@ -60,3 +60,15 @@ def optimizer_step(opt: torch.optim.Optimizer) -> None:
     """One update: the optimizer's own `step` body under no_grad, without the wrappers that import torch._dynamo."""
     with torch.no_grad():
         _step_body(type(opt))(opt)
+
+
+def optimizer_settings(opt: torch.optim.Optimizer) -> list[dict]:
+    """Each parameter group's settings (lr, eps, betas, ...) without its parameters: what a job made."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+
+
+def keep_optimizer_settings(opt: torch.optim.Optimizer, settings: list[dict]) -> None:
+    """Put back the settings optimizer_settings took: after load_state_dict, whose param_groups are the saved
+    ones (the old learning rate; the issue Ray Tune's PBT had, Ray issue 62173), the job's apply again."""
+    for group, kept in zip(opt.param_groups, settings):
+        group.update(kept)

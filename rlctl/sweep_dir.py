@@ -2,7 +2,8 @@
 ordinary run directory per trial under it::
 
     <runs_dir>/<sweep-name>-<YYYYmmdd-HHMMSS>/
-        sweep.json  scheduler.log  t000/  t001/ ...   (each: job.toml plan.json state.json logs/ tb/ checkpoints/)
+        sweep.json  scheduler.log  [pbt.jsonl]  t000/  t001/ ...   (each: job.toml plan.json state.json logs/ tb/
+                                                                     checkpoints/)
 
 A trial's folder holds its job.toml from the start; its state.json appears when the scheduler starts it.
 On the fast CLI path (`rlctl status`, `stop`, `compare`): standard library only.
@@ -18,6 +19,7 @@ from rlctl.rundir import RunDir, RunNotFound, _read_json, status_of
 from rlctl.run_status import RunStatus
 
 SWEEP_JSON = "sweep.json"
+PBT_JSONL = "pbt.jsonl"  # population-based training: one exploit a line (rlctl.supervise.pbt)
 
 
 class SweepDir:
@@ -51,6 +53,22 @@ class SweepDir:
         listed = self.read().get("trials")
         return [t for t in listed if isinstance(t, dict) and isinstance(t.get("id"), str)] if isinstance(
             listed, list) else []
+
+    def lineage(self) -> list[dict]:
+        """The exploits of population-based training, oldest first (pbt.jsonl; [] without one)."""
+        try:
+            lines = (self.path / PBT_JSONL).read_text().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a killed scheduler
+            if isinstance(record, dict) and isinstance(record.get("trial"), str):
+                out.append(record)
+        return out
 
     def trial_dir(self, trial_id: str) -> RunDir:
         """The run directory of one trial."""

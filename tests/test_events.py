@@ -15,7 +15,7 @@ EXAMPLES = {
     "first_batch_sent": {"process": "collector-1", "transitions": 512},
     "first_update": {"process": "learner-1", "update": 1201},
     "resumed": {"process": "learner-0", "path": "/runs/a b/checkpoints/latest.pt", "update": 1200, "version": 1200,
-                "restart": 1},
+                "restart": 1, "lr": 0.004},
     "snapshot_loaded": {"process": "replay-0", "path": "/runs/x/replay-0.npz", "size": 5000, "inserted": 7000,
                         "seconds": 0.25},
     "snapshot_written": {"process": "replay-0", "size": 5000, "inserted": 7000, "seconds": 0.0},
@@ -64,7 +64,7 @@ def test_a_line_that_no_reader_would_accept_is_refused_where_it_is_written():
 
 def test_paths_of_any_characters_stay_on_one_line():
     path = "/runs/ü\n\r\u2028\x00\"'\\/latest.pt"
-    text = events.line("resumed", process="learner-0", path=path, update=1, version=1, restart=0)
+    text = events.line("resumed", process="learner-0", path=path, update=1, version=1, restart=0, lr=1e-3)
     assert text.isascii() and len(text.splitlines()) == 1
     assert events.parse(text)["path"] == path
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlctl.job.load import JobFileError, validate_job
+from rlctl.job.pbt_spec import PbtSpec, check_values, parse_pbt
+from rlctl.job.resolved import resolved_dict
 from rlctl.job.spec import JobSpec
 
 if sys.version_info >= (3, 11):
@@ -24,7 +26,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "place", "trials_per_host", "params")
+SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "place", "trials_per_host", "params",
+              "pbt")
 PLACES = ("local", "hosts")  # this machine's cores; one of the base job's [[hosts]] per trial
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
@@ -94,6 +97,7 @@ class SweepSpec:
     trials_per_host: int = 1
     trials: list[Trial] = field(default_factory=list)
     jobs: list[JobSpec] = field(default_factory=list)  # trial i's job
+    pbt: PbtSpec | None = None  # [sweep.pbt]: population-based training of the trials
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -144,11 +148,19 @@ def load_sweep(path: str | Path) -> SweepSpec:
     seeds = seeds or [base_data.get("job", {}).get("seed", 0)]
     spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, place, trials_per_host)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
+    spec.pbt = parse_pbt(table.get("pbt"), len(spec.trials), max_concurrent, problems)
+    if spec.pbt is not None and place == "hosts":
+        problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
+                        "for now")
+    if problems:
+        raise SweepFileError(path, problems)
     bases = [base_data]
     if place == "hosts":
         bases = one_host_jobs(path, base_data)
         spec.trials = [replace(t, host=bases[i % len(bases)]["hosts"][0]["name"]) for i, t in enumerate(spec.trials)]
     spec.jobs = _trial_jobs(path, bases, spec.trials, params)
+    if spec.pbt is not None:
+        _check_pbt_values(path, spec, base_data)
     return spec
 
 
@@ -172,6 +184,31 @@ def one_host_jobs(path: Path, base: dict) -> list[dict]:
         host = {k: v for k, v in raw.items() if k not in ("learner_procs", *counts)}
         out.append({**copy.deepcopy(base), "hosts": [{**copy.deepcopy(host), **counts}]})
     return out
+
+
+def _check_pbt_values(path: Path, spec: SweepSpec, base: dict) -> None:
+    """SweepFileError when a value a perturbation starts from or reaches is one the job schema refuses."""
+    first = spec.trials[0]
+
+    def base_value(key: str) -> object:
+        node: object = resolved_dict(spec.jobs[0])
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def refused(key: str, value: object) -> str | None:
+        try:
+            validate_job(with_values(base, {**first.values, SEED_KEY: first.seed, key: value}), first.id)
+        except TypeError as exc:
+            return f"a key path goes through a value: {exc}"
+        except JobFileError as exc:
+            return "; ".join(f"{k or '<job>'}: {reason}" for k, reason in exc.problems)
+        return None
+
+    problems: list[str] = []
+    check_values(spec.pbt, base_value, refused, problems)
+    if problems:
+        raise SweepFileError(path, problems)
 
 
 def _base(path: Path, table: dict, problems: list[str]) -> tuple[Path, dict]:

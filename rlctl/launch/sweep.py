@@ -57,7 +57,8 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
                  "created_at": time.time(), "max_concurrent": spec.max_concurrent, "place": spec.place,
                  "trials_per_host": spec.trials_per_host, "params": [p.key for p in spec.params],
                  "status": RunStatus.CREATED,
-                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials]})
+                 "trials": [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials],
+                 **({"pbt": spec.pbt.to_json()} if spec.pbt is not None else {})})
     return sweep
 
 

@@ -25,6 +25,7 @@ from rlctl.net import wire
 from rlctl.algos.base import LearnerCore, LearnerSetup, UpdateResult
 from rlctl.checkpoint import CheckpointError, newest_checkpoint, save_checkpoint
 from rlctl.envs import probe_space_info
+from rlctl.optim import keep_optimizer_settings, optimizer_settings
 from rlctl.models import parameter_digest
 from rlctl.launch.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
@@ -159,7 +160,11 @@ class LearnerShell:
             return
         try:
             self.model.load_state_dict(payload["model"])
+            settings = optimizer_settings(self.core.opt)
             self.core.load_state_dict(payload["core"])
+            # The job's settings, not the checkpoint's: a loaded optimizer state carries the learning rate (and
+            # eps, ...) it was saved with, and a job changed since (PBT's explore step) must win.
+            keep_optimizer_settings(self.core.opt, settings)
             self.updates, self.version = int(payload["updates"]), int(payload["version"])
             self.saves = int(payload.get("saves", 0))
             if isinstance(payload.get("rng"), torch.Tensor):
@@ -167,7 +172,7 @@ class LearnerShell:
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{payload.get('path')}: does not fit this job's learner: {exc}") from None
         events.emit("resumed", process=self.rc.name, path=str(payload.get("path")), update=self.updates,
-                    version=self.version, restart=self.restarts)
+                    version=self.version, restart=self.restarts, lr=float(self.core.opt.param_groups[0]["lr"]))
 
     # -- the loop ------------------------------------------------------------
     def gather(self) -> dict | None:

@@ -22,6 +22,7 @@ from rlctl.launch.resume import ResumeRefused
 from rlctl.launch.sweep import StartedTrial, start_trial, trial_input, trial_winding_down
 from rlctl.liveness import process_start_time
 from rlctl.rundir import RunBusy, RunLock
+from rlctl.supervise.pbt import PopulationTrainer
 from rlctl.run_status import RunStatus
 from rlctl.sweep_dir import SweepDir
 
@@ -39,6 +40,7 @@ class SweepScheduler:
         self.refused: dict[str, str] = {}  # trial id -> why it could not start
         self.failed: list[str] = []
         self.stop_signals = 0
+        self.pbt = PopulationTrainer.of(sweep, self._log)  # None without [sweep.pbt]
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
@@ -81,6 +83,8 @@ class SweepScheduler:
         slots = HostSlots(data)
         while not self.stop_signals and (queue or self.running):
             self._reap()
+            if self.pbt is not None:  # exploits: losers stopped, then resumed first from a donor's checkpoint
+                queue[:0] = self.pbt.step(self.running, lambda t: _signal(self.running[t], signal.SIGTERM))
             while len(self.running) < limit and not self.stop_signals:
                 trial_id = slots.next_startable(queue, self.running)
                 if trial_id is None:

@@ -30,7 +30,7 @@ def short_keys(keys: list[str]) -> dict[str, str]:
 def values_text(trial: dict, names: dict[str, str], seeds: bool) -> str:
     """`lr=0.001 seed=2`: a trial's parameter values (and its seed where the sweep has several)."""
     values = trial.get("values") if isinstance(trial.get("values"), dict) else {}
-    parts = [f"{names.get(k, k)}={v}" for k, v in values.items()]
+    parts = [f"{names.get(k, k)}={_plain(v)}" for k, v in values.items()]
     return " ".join(parts + ([f"seed={trial.get('seed')}"] if seeds else []))
 
 
@@ -67,16 +67,21 @@ def trial_summary(sweep: SweepDir, trial: dict) -> dict:
 
 def sweep_json(sweep: SweepDir) -> dict:
     """`rlctl status SWEEP --json`: the sweep's own fields and a summary per trial."""
-    data = sweep.read()
+    data, lineage = sweep.read(), sweep.lineage()
+    trials = [trial_summary(sweep, t) for t in sweep.trials()]
+    for t in trials:  # after an exploit, a trial goes on with the values PBT gave it
+        for record in (r for r in lineage if r["trial"] == t["trial"] and isinstance(r.get("new"), dict)):
+            t["values"] = {**t["values"], **record["new"]}
     return {"sweep_id": sweep.sweep_id, "name": data.get("name"), "status": sweep.status(data),
-            "max_concurrent": data.get("max_concurrent"), "params": data.get("params"),
-            "trials": [trial_summary(sweep, t) for t in sweep.trials()]}
+            "max_concurrent": data.get("max_concurrent"), "params": data.get("params"), "trials": trials,
+            "lineage": lineage}
 
 
 def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
     """Columns and one row per trial."""
     data = sweep_json(sweep)
-    names = short_keys(list(data.get("params") or []))
+    perturbed = [p["key"] for p in (sweep.read().get("pbt") or {}).get("perturb", []) if isinstance(p, dict)]
+    names = short_keys(list(dict.fromkeys([*(data.get("params") or []), *perturbed])))
     seeds = len({t["seed"] for t in data["trials"]}) > 1
     rows = [[t["trial"], values_text({"values": t["values"], "seed": t["seed"]}, names, seeds), t["status"],
              f"{100 * t['progress']:.0f}%" if t["progress"] is not None else None,
@@ -110,6 +115,25 @@ def sweep_view(sweep: SweepDir, width: int | None = None) -> list[Any]:
     lines: list[Any] = [sweep_header(sweep), build_table(None, *sweep_rows(sweep), width, SWEEP_DROP)]
     refused = sweep.read().get("refused") or {}
     lines += [f"{trial} not started: {why}" for trial, why in refused.items()]
+    return lines + lineage_lines(sweep)
+
+
+def lineage_lines(sweep: SweepDir) -> list[str]:
+    """Population-based training's exploits, oldest first: `t003 <- t001 at 8,192 env steps (return 21.0 < 95.3):
+    lr 1e-05 -> 0.0042`, under a `lineage` line (none without exploits)."""
+    records = sweep.lineage()
+    if not records:
+        return []
+    names = short_keys(sorted({k for r in records for k in (r.get("new") or {})}))
+    lines = ["lineage (population-based training):"]
+    for r in records:
+        scores = r.get("scores") or {}
+        mine, theirs = real_number(scores.get(r["trial"])), real_number(scores.get(r.get("from")))
+        told = f" (return {mine:.1f} < {theirs:.1f})" if mine is not None and theirs is not None else ""
+        steps = real_number(r.get("env_steps"))
+        changes = ", ".join(f"{names.get(k, k)} {_plain((r.get('old') or {}).get(k))} -> {_plain(v)}"
+                            for k, v in (r.get("new") or {}).items())
+        lines.append(f"  {r['trial']} <- {r.get('from')} at {steps or 0:,.0f} env steps{told}: {changes}")
     return lines
 
 

@@ -35,9 +35,9 @@ class ApexLearner(TargetNetworkCore):
         return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device)
 
     def begin_update(self, batch: dict) -> dict:
-        """The largest |reward| seen so far, for the divergence guard's bound."""
+        """The largest |reward| seen so far, for the divergence guard's bound; the learning rate in use."""
         self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
-        return {}
+        return {M.LR: self.opt.param_groups[0]["lr"]}
 
     def loss(self, batch: dict, report: bool) -> Loss:
         """Double-DQN loss on n-step transitions; priorities |TD| for the sampled keys."""

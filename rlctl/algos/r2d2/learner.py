@@ -47,9 +47,9 @@ class R2D2Learner(TargetNetworkCore):
         return torch.from_numpy(np.array(a, dtype=dtype)).to(self.device).transpose(0, 1)
 
     def begin_update(self, batch: dict) -> dict:
-        """The largest |reward| seen so far, for the divergence guard's bound."""
+        """The largest |reward| seen so far, for the divergence guard's bound; the learning rate in use."""
         self.reward_max = max(self.reward_max, float(np.abs(batch["reward"]).max()))
-        return {}
+        return {M.LR: self.opt.param_groups[0]["lr"]}
 
     def loss(self, batch: dict, report: bool) -> Loss:
         """Burn-in without gradient from the stored state, then the loss over the rest of each sequence."""
