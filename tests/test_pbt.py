@@ -54,6 +54,8 @@ def _sweep(directory: Path, pbt: str, perturb: str, head: str = "seeds = [1, 2, 
      r"sweep\.pbt\.perturb\.'model\.hidden': only hyperparameters"),
     ("interval = 5000", '"algorithm.lr" = [0.8, 1.2]', "seeds = [1, 2, 3, 4]\nmax_concurrent = 2",
      r"sweep\.pbt: the population trains together: max_concurrent \(2\) must be at least the number of trials \(4\)"),
+    ("interval = 5000", '"algorithm.lr" = [0.8, 1.2]', 'seeds = [1, 2, 3, 4]\nmax_concurrent = 4\nplace = "hosts"',
+     r"sweep\.pbt: population-based training runs its trials on this machine \(place = \"local\"\) for now"),
 ])
 def test_a_bad_pbt_table_exits_2_naming_the_file_and_key_and_starts_nothing(tmp_path, pbt, perturb, head, says):
     f = _sweep(tmp_path, pbt, perturb, **({"head": head} if head else {}))

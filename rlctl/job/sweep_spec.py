@@ -142,6 +142,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     elif place == "hosts" and not (isinstance(base_data.get("hosts"), list) and base_data["hosts"]):
         problems.append(f'sweep.place: "hosts" runs each trial on one of the base job\'s [[hosts]]; {base_path.name} '
                         "lists none")
+    if place == "hosts" and "pbt" in table:
+        problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
+                        "for now")
     trials_per_host = _positive(table, "trials_per_host", 1, problems)
     if problems:
         raise SweepFileError(path, problems)
@@ -149,9 +152,6 @@ def load_sweep(path: str | Path) -> SweepSpec:
     spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, place, trials_per_host)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
     spec.pbt = parse_pbt(table.get("pbt"), len(spec.trials), max_concurrent, problems)
-    if spec.pbt is not None and place == "hosts":
-        problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
-                        "for now")
     if problems:
         raise SweepFileError(path, problems)
     bases = [base_data]
