@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -214,19 +217,26 @@ def test_pbt_rescues_a_population_started_at_a_learning_rate_that_fails_alone(tm
     alone.mkdir()
     job = shipped_job(alone, "ppo", stop=RESCUE_STOP, lr="1e-5", collectors="1", extra="\n[logging]\n"
                       "checkpoint_interval_s = 1.0\n")
-    run_cli(["run", str(job), "--runs-dir", str(runs / "alone")], timeout=300)
-    [solo] = list((runs / "alone").iterdir())
-    state = _trial_state(solo)
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "env_steps", state.get("stopped_by")
-    assert state["metrics"]["charts/episode_return_mean"] < 200.0
-
     f = _sweep(tmp_path, "interval = 4000\nquantile = 0.25\nseed = 1",
                '"algorithm.lr" = { log_uniform = [1e-3, 1e-2] }', stop=RESCUE_STOP, lr="1e-5", collectors="1")
     text = (tmp_path / "base.toml").read_text() + "\n[logging]\ncheckpoint_interval_s = 1.0\n"
     (tmp_path / "base.toml").write_text(text)
-    started = time.monotonic()
-    proc = run_cli(["sweep", str(f), "--runs-dir", str(runs / "pbt")], timeout=900, env={"COLUMNS": "140"})
-    print(f"PBT sweep took {time.monotonic() - started:.0f} s")
+    # The trial alone runs beside the sweep (its budget is env steps, so sharing the cores changes only when it ends).
+    solo_proc = subprocess.Popen([sys.executable, "-m", "rlctl", "run", str(job), "--runs-dir", str(runs / "alone")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        started = time.monotonic()
+        proc = run_cli(["sweep", str(f), "--runs-dir", str(runs / "pbt")], timeout=900, env={"COLUMNS": "140"})
+        print(f"PBT sweep took {time.monotonic() - started:.0f} s")
+        assert solo_proc.wait(timeout=300) == 0
+    finally:
+        if solo_proc.poll() is None:
+            solo_proc.send_signal(signal.SIGINT)  # Ctrl-C: the run stops and its processes end
+            solo_proc.wait(timeout=60)
+    [solo] = list((runs / "alone").iterdir())
+    state = _trial_state(solo)
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "env_steps", state.get("stopped_by")
+    assert state["metrics"]["charts/episode_return_mean"] < 200.0
     sweep = next((runs / "pbt").iterdir())
     states = {t: _trial_state(sweep / t) for t in ("t000", "t001", "t002", "t003")}
     solved = [t for t, s in states.items() if (s.get("stopped_by") or {}).get("criterion") == "train_return"]

@@ -142,7 +142,8 @@ def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = Fal
                                 "command salloc runs, and the run with it; submit a background run with --sbatch")
         spec, control_address = on_allocation(spec)
         warn_machine(spec)
-        base_port = choose_base_port(spec, control_address, reserved)  # free where the supervisor binds (preflight: the hosts)
+        # Free where the supervisor binds (preflight checks the hosts), and claimed until the run's servers bind it.
+        base_port = choose_base_port(spec, control_address, reserved, claim=True)
         addresses = host_addresses(spec)
         token = secrets.token_hex(8)  # names others must not guess: weight board, remote private folder
 

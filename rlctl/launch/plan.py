@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from rlctl.datapaths import DATA_PATHS
 from rlctl.launch.hosts import SECRET_ENV, control_socket, launcher_for
+from rlctl.launch.port_claims import port_claims
 from rlctl.launch.ports import PortLayout
 from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
 from rlctl.job.resolved import SECRET_MASK
@@ -108,17 +109,23 @@ def default_base_port(spec: JobSpec) -> int:
     return bases[zlib.crc32(spec.job.name.encode()) % len(bases)]
 
 
-def choose_base_port(spec: JobSpec, host: str = "127.0.0.1", reserved: frozenset[int] = frozenset()) -> int:
+def choose_base_port(spec: JobSpec, host: str = "127.0.0.1", reserved: frozenset[int] = frozenset(),
+                     claim: bool = False) -> int:
     """The job's base port: the configured one, else the first range that is free now, from the per-job default,
-    holding none of the `reserved` ports (promised to runs that have not bound them yet: a sweep's trials)."""
+    holding none of the `reserved` ports (promised to runs that have not bound them yet: a sweep's trials) nor any
+    another run on this machine claimed (rlctl.launch.port_claims). With `claim`, the range chosen is claimed."""
     if spec.network.base_port:
         return spec.network.base_port
     need, bases = ports_needed(spec), auto_bases(spec)
     first = bases.index(default_base_port(spec))
-    for i in range(len(bases)):
-        base = bases[(first + i) % len(bases)]
-        if all(base + k not in reserved and port_free(host, base + k) for k in range(need)):
-            return base
+    with port_claims() as book:
+        taken = reserved | (book.ports if book is not None else frozenset())
+        for i in range(len(bases)):
+            base = bases[(first + i) % len(bases)]
+            if all(base + k not in taken and port_free(host, base + k) for k in range(need)):
+                if claim and book is not None:
+                    book.claim(range(base, base + need))
+                return base
     raise RuntimeError(f"no free range of {need} ports within {AUTO_PORTS[0]}-{AUTO_PORTS[1] - 1}; set "
                        "network.base_port")
 
