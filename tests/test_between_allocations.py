@@ -213,3 +213,46 @@ def test_logs_follow_of_a_waiting_run_ends_when_its_job_does(tmp_path, slurm, en
         follow.proc.kill()
     assert follow.texts[-1] == (f"── no allocation will resume it: Slurm job {JOB} has ended; rlctl run --resume "
                                 f"{run.run_id} continues it ──")
+
+
+def test_rm_and_prune_leave_a_run_that_a_pending_slurm_job_will_resume(tmp_path, slurm):
+    root = str(tmp_path)
+    waiting, done = preempted_run(tmp_path), RunDir.create(tmp_path, "tiny")
+    done.write_state({"run_id": done.run_id, "status": "finished", "ended_at": time.time() - 10})
+    slurm.says(JOB, "PENDING")
+    out = run_cli(["rm", waiting.run_id, done.run_id, "--runs-dir", root], expected_exit=2)
+    assert out.stderr.splitlines() == [
+        f"rlctl rm: {waiting.run_id} is preempted: it will resume in its pending Slurm job {JOB}; end it with rlctl "
+        f"stop {waiting.run_id} (or scancel {JOB}), or remove it anyway with --force", "nothing was removed"]
+    assert waiting.path.is_dir() and done.path.is_dir()
+    out = run_cli(["prune", "--older-than", "1s", "--runs-dir", root])
+    assert out.stdout.splitlines() == [f"removed {done.run_id}", f"skipped 1 run that a pending Slurm job will start "
+                                       f"(again): {waiting.run_id}; rlctl stop RUN ends one"]
+    assert waiting.path.is_dir() and not done.path.exists()
+    assert run_cli(["rm", "--force", waiting.run_id, "--runs-dir", root]).stdout.split() == ["removed", waiting.run_id]
+    assert not slurm.scancels.exists()  # rm removes files; it ends no job
+
+
+def test_a_run_whose_job_slurm_has_ended_goes_with_rm_and_prune(tmp_path, slurm):
+    gone, queued = preempted_run(tmp_path), RunDir.create(tmp_path, "tiny")
+    queued.write_state({"run_id": queued.run_id, "status": "queued", "slurm_job_id": JOB + 1,
+                        "started_at": time.time() - 10})
+    # Neither job is in Slurm's queue (cancelled outside rlctl): nothing will start them.
+    run_cli(["prune", "--older-than", "1s", "--runs-dir", str(tmp_path)])
+    assert not gone.path.exists() and not queued.path.exists()
+
+
+@pytest.mark.parametrize("host", ["node-1", "here"])
+def test_stop_of_a_queued_run_cancels_its_pending_job_and_marks_it_stopped(tmp_path, slurm, host):
+    run = preempted_run(tmp_path)
+    if host == "here":  # a one-machine cluster: its supervisor ran on this host
+        import socket
+
+        run.write_state({**run.read_state(), "supervisor_host": socket.gethostname()})
+    slurm.says(JOB, "PENDING")
+    out = run_cli(["stop", run.run_id, "--timeout", "10", "--runs-dir", str(tmp_path)], env=slurm.env)
+    assert out.stdout.strip() == f"{run.run_id} stopped (Slurm job {JOB} ended)"
+    assert slurm.scancels.read_text().split() == [str(JOB)]
+    state = run.read_state()
+    assert state["status"] == "stopped" and state["exit_reason"] == f"Slurm job {JOB} cancelled while preempted"
+    run_cli(["rm", run.run_id, "--runs-dir", str(tmp_path)])  # and then it goes
