@@ -532,17 +532,20 @@ def compare(runs: List[str] = typer.Argument(..., help="Two or more runs (ids or
 
 @app.command()
 def rm(runs: List[str] = typer.Argument(..., help="Runs to remove (ids or prefixes).", autocompletion=_complete_run),
+       force: bool = typer.Option(False, "--force", help="Also a queued or preempted Slurm batch run whose pending job "
+                                  "would start it (again)."),
        runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Remove run directories; refuses (removing none) while one of them still runs."""
+    """Remove run directories; refuses (removing none) while one of them still runs, or will in a pending Slurm
+    job."""
     from rlctl.run_housekeeping import RunInUse, refusal, remove_run
 
     dirs = list(dict.fromkeys(_resolve(runs_dir, r) for r in runs))
-    refused = [why for rd in dirs if (why := refusal(rd, rd.read_state())) is not None]
+    refused = [why for rd in dirs if (why := refusal(rd, rd.read_state(), force=force)) is not None]
     if refused:
         raise _bad_input("rlctl rm: " + "\nrlctl rm: ".join(refused) + "\nnothing was removed")
     for rd in dirs:
         try:
-            remove_run(rd)
+            remove_run(rd, force)
         except RunInUse as exc:
             raise _bad_input(f"rlctl rm: {exc}") from None
         print(f"removed {rd.run_id}")
@@ -563,7 +566,7 @@ def prune(older_than: str = typer.Option(..., "--older-than", help="Remove runs 
         age = parse_age(older_than)
     except ValueError as exc:
         raise _bad_input(f"--older-than: {exc}") from None
-    chosen = to_prune(list_runs(runs_root(runs_dir)), age, keep_best)
+    chosen, awaiting = to_prune(list_runs(runs_root(runs_dir)), age, keep_best)
     for rd in chosen:
         if dry_run:
             print(f"would remove {rd.run_id}")
@@ -574,8 +577,11 @@ def prune(older_than: str = typer.Option(..., "--older-than", help="Remove runs 
             print(f"rlctl prune: kept {rd.run_id}: {exc}", file=sys.stderr)
             continue
         print(f"removed {rd.run_id}")
-    if not chosen:
+    if not chosen and not awaiting:
         print(f"no run idle longer than {older_than}" + (" (besides each job's best)" if keep_best else ""))
+    if awaiting:
+        print(f"skipped {len(awaiting)} run{'s' if len(awaiting) > 1 else ''} that a pending Slurm job will start "
+              f"(again): {', '.join(rd.run_id for rd in awaiting)}; rlctl stop RUN ends one")
 
 
 @app.command()

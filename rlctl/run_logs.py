@@ -225,40 +225,51 @@ def follow_logs(
 ) -> Iterator[LogEntry]:
     """Yield the run's log lines as they are written (also from files created later) until the run is over, then
     its end line (end_entry). With `tail`, the last `tail` lines written so far come first, and then every line after
-    them: nothing falls between the two.
+    them: nothing falls between the two. A preempted Slurm batch run whose job will start it again is followed
+    across its allocations, with a marker line where one ended and where the next began
+    (rlctl.allocation_watch).
 
     Only complete lines are yielded while the run is live. Each poll round yields the new lines of all files merged
-    by timestamp, each line once it is HOLD_S old. Returns once the run's effective status is over and every file has been read to its end: the
-    supervisor writes a status that is over only after every line of its processes is in their logs (and its own
-    end line in logs/supervisor.log), so the round that reads that status first and the files after it misses none.
+    by timestamp, each line once it is HOLD_S old. Returns once the run is over and every file has been read to its
+    end: the supervisor writes a status that is over only after every line of its processes is in their logs (and
+    its own end line in logs/supervisor.log), so the round that reads that status first and the files after it
+    misses none.
     """
+    from rlctl.allocation_watch import AllocationWatch
+
     cursors: dict[Path, _LogCursor] = {}
     if tail is not None:
         paths = rundir.log_files(role, rank)
         cursors = {path: _LogCursor(path, _offset_after_last_line(path)) for path in paths}
         yield from _merged(paths, tail, {path: cursor.offset for path, cursor in cursors.items()})
-    ended, held = False, []
+    watch, ended, held = AllocationWatch(rundir), False, []
     while True:
-        # Status first, then read: everything written before the run ended is read below.
-        over = rundir.effective_status() in OVER_STATES
+        look = watch.look()  # status first, then read: everything written before it is read below
+        if look.before:  # a new allocation: what the last one wrote goes first
+            yield from held
+            held = []
+            yield from look.before
         for path in rundir.log_files(role, rank):
             cursors.setdefault(path, _LogCursor(path))  # a file that appears later is read from its start
         while True:
             held = list(_merge([held, *(cursor.read_new() for cursor in cursors.values())]))
             if not any(cursor.pending for cursor in cursors.values()):
                 break
-        if over:
+        if look.over:
             held = list(_merge([held, *(cursor.flush() for cursor in cursors.values())]))
         # A line stamped just before another may reach its file just after it: while the run is live, lines wait
         # until they are HOLD_S old, so that the stream is in the same order as `rlctl logs` gives afterwards.
-        ready = len(held) if over else bisect.bisect_right([ts for ts, _, _ in held], time.time() - HOLD_S)
+        ready = len(held) if look.settled else bisect.bisect_right([ts for ts, _, _ in held], time.time() - HOLD_S)
         for entry in held[:ready]:
-            ended = ended or (entry[1] == SUPERVISOR and is_end_line(entry[2]))
+            if entry[1] == SUPERVISOR:  # a preempted segment's end line is not the run's when another follows
+                ended = is_end_line(entry[2])
             yield entry
         held = held[ready:]
-        if over:
+        if look.over:
             end = None if ended else end_entry(rundir)
             if end is not None:
                 yield end
+        yield from look.after
+        if look.over:
             return
         time.sleep(poll_s)

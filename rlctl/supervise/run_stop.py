@@ -95,11 +95,14 @@ def stop_sweep(sweep, timeout: float) -> bool:
 
 
 def supervised_by_batch_job(state: dict) -> bool:
-    """A run submitted with --sbatch whose supervisor is (or will be) a batch job on another machine."""
+    """A run submitted with --sbatch whose supervisor is (or will be) a batch job on another machine, or on this one
+    in a later allocation (queued, or a preempted batch run: its job may be pending again)."""
     job = state.get("slurm_job_id")
     host = state.get("supervisor_host")
     return (isinstance(job, int) and not isinstance(job, bool) and job > 0
-            and (state.get("status") == RunStatus.QUEUED or (isinstance(host, str) and host != socket.gethostname())))
+            and (state.get("status") == RunStatus.QUEUED
+                 or (state.get("status") == RunStatus.PREEMPTED and state.get("slurm_batch") is True)
+                 or (isinstance(host, str) and host != socket.gethostname())))
 
 
 def stop_batch_job(rd: RunDir, state: dict, timeout: float) -> bool:
