@@ -18,13 +18,14 @@ from pathlib import Path
 
 from rlctl.job.load import JobFileError, validate_job
 from rlctl.job.spec import JobSpec
+from rlctl.supervise.early_stop import EARLY_STOP_KEYS, RULES, EarlyStopRule
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "params")
+SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "params", "early_stop")
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -90,6 +91,7 @@ class SweepSpec:
     seeds: list[int]
     trials: list[Trial] = field(default_factory=list)
     jobs: list[JobSpec] = field(default_factory=list)  # trial i's job
+    early_stop: EarlyStopRule | None = None  # [sweep.early_stop]: none, no trial is stopped early
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -121,6 +123,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         problems.append("sweep.trials: draws from distributions ({choice=...}, {uniform=...}, {log_uniform=...}); "
                         "[sweep.params] has none")
     max_concurrent = _positive(table, "max_concurrent", 1, problems)
+    early_stop = _early_stop(table.get("early_stop"), problems)
     sample_seed = table.get("sample_seed", 0)
     if not isinstance(sample_seed, int) or isinstance(sample_seed, bool):
         problems.append(f"sweep.sample_seed: an integer (got {sample_seed!r})")
@@ -131,7 +134,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if problems:
         raise SweepFileError(path, problems)
     seeds = seeds or [base_data.get("job", {}).get("seed", 0)]
-    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds)
+    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, early_stop=early_stop)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
     spec.jobs = _trial_jobs(path, base_data, spec.trials, params)
     return spec
@@ -194,6 +197,28 @@ def _bounds_problem(kind: str, bounds: object) -> str | None:
     if kind == "log_uniform" and bounds[0] <= 0:
         return f"log_uniform: bounds above 0 (got {bounds!r})"
     return None
+
+
+def _early_stop(table: object, problems: list[str]) -> EarlyStopRule | None:
+    """`[sweep.early_stop]` as a rule (rlctl.supervise.early_stop), or None when the file has none."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        problems.append("sweep.early_stop: a table (rule, grace_env_steps, interval_env_steps, min_trials)")
+        return None
+    problems += [f"sweep.early_stop.{k}: unknown key (known: {', '.join(EARLY_STOP_KEYS)})"
+                 for k in table if k not in EARLY_STOP_KEYS]
+    rule = table.get("rule", "median")
+    if rule not in RULES:
+        problems.append(f"sweep.early_stop.rule: one of {', '.join(RULES)} (got {rule!r})")
+    default = EarlyStopRule()
+    counts = {}
+    for key, low in (("grace_env_steps", 0), ("interval_env_steps", 1), ("min_trials", 1)):
+        value = table.get(key, getattr(default, key))
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            problems.append(f"sweep.early_stop.{key}: an integer >= {low} (got {value!r})")
+        counts[key] = value
+    return EarlyStopRule("median", **counts)
 
 
 def _int_list(table: dict, key: str, problems: list[str]) -> list[int]:

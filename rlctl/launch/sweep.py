@@ -53,6 +53,7 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
     sweep.write({"sweep_id": sweep.sweep_id, "name": spec.name, "source": str(spec.path), "base": str(spec.base),
                  "created_at": time.time(), "max_concurrent": spec.max_concurrent,
                  "params": [p.key for p in spec.params], "status": RunStatus.CREATED,
+                 "early_stop": spec.early_stop.record() if spec.early_stop else None,
                  "trials": [{"id": t.id, "values": t.values, "seed": t.seed} for t in spec.trials]})
     return sweep
 

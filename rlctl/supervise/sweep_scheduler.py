@@ -20,6 +20,7 @@ from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
 from rlctl.launch.resume import ResumeRefused
 from rlctl.launch.sweep import StartedTrial, start_trial, trial_input, trial_winding_down
 from rlctl.liveness import process_start_time
+from rlctl.supervise.early_stop import EarlyStopper
 from rlctl.rundir import RunBusy, RunLock
 from rlctl.run_status import RunStatus
 from rlctl.sweep_dir import SweepDir
@@ -38,6 +39,7 @@ class SweepScheduler:
         self.refused: dict[str, str] = {}  # trial id -> why it could not start
         self.failed: list[str] = []
         self.stop_signals = 0
+        self.early_stop = EarlyStopper.of(sweep)  # None: no [sweep.early_stop]
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
@@ -78,6 +80,7 @@ class SweepScheduler:
         limit = max(1, int(self.sweep.read().get("max_concurrent") or 1))
         while not self.stop_signals and (queue or self.running):
             self._reap()
+            self._stop_losers()
             while queue and len(self.running) < limit and not self.stop_signals:
                 self._start(queue.pop(0))
             self._record(RunStatus.RUNNING)
@@ -85,6 +88,8 @@ class SweepScheduler:
 
     def _start(self, trial_id: str) -> None:
         """Start one trial (or note why it cannot start, or that it is done)."""
+        if self.early_stop is not None and trial_id in self.early_stop.stopped:
+            return  # judged a loser once: a resumed sweep does not continue it
         reserved = frozenset(p for started in self.running.values() for p in started.ports)
         try:
             given = trial_input(self.sweep, trial_id)
@@ -106,8 +111,18 @@ class SweepScheduler:
             del self.running[trial_id]
             if code not in (0, 130) and not self.stop_signals:
                 self.failed.append(trial_id)
+            if self.early_stop is not None:
+                self.early_stop.ended(trial_id)
             state = started.rundir.read_state() or {}
             self._log(f"{trial_id} {state.get('status')}: {state.get('exit_reason')} (exit {code})")
+
+    def _stop_losers(self) -> None:
+        """Trials the early-stopping rule judges clearly losing stop as `rlctl stop` stops a run (checkpoint kept)."""
+        if self.early_stop is None or self.stop_signals:
+            return
+        for trial_id, why in self.early_stop.judge(list(self.running)).items():
+            self._log(f"{trial_id} early-stopped: {why}")
+            _signal(self.running[trial_id], signal.SIGTERM)
 
     def _wait_all(self) -> None:
         """Wait for every trial supervisor still running (each has been told to stop when the sweep stops)."""

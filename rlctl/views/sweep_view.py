@@ -57,11 +57,13 @@ def trial_summary(sweep: SweepDir, trial: dict) -> dict:
     raw = rundir.read_state()
     state = as_read(raw) if raw is not None else {}
     reached = raw is not None and target_reached(raw)
+    data = sweep.read()
     return {"trial": trial["id"], "values": trial.get("values") or {}, "seed": trial.get("seed"),
             "status": trial_status(rundir), "progress": progress(state) if raw is not None else None,
             "best_return": best_return(state) if raw is not None else None,
             "time_to_target_s": state.get("elapsed_s") if reached else None, "elapsed_s": state.get("elapsed_s"),
-            "run_dir": str(rundir.path), "refused": (sweep.read().get("refused") or {}).get(trial["id"])}
+            "run_dir": str(rundir.path), "refused": (data.get("refused") or {}).get(trial["id"]),
+            "early_stopped": (data.get("early_stopped") or {}).get(trial["id"])}
 
 
 def sweep_json(sweep: SweepDir) -> dict:
@@ -69,6 +71,7 @@ def sweep_json(sweep: SweepDir) -> dict:
     data = sweep.read()
     return {"sweep_id": sweep.sweep_id, "name": data.get("name"), "status": sweep.status(data),
             "max_concurrent": data.get("max_concurrent"), "params": data.get("params"),
+            "early_stop": data.get("early_stop"),
             "trials": [trial_summary(sweep, t) for t in sweep.trials()]}
 
 
@@ -77,7 +80,8 @@ def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
     data = sweep_json(sweep)
     names = short_keys(list(data.get("params") or []))
     seeds = len({t["seed"] for t in data["trials"]}) > 1
-    rows = [[t["trial"], values_text({"values": t["values"], "seed": t["seed"]}, names, seeds), t["status"],
+    rows = [[t["trial"], values_text({"values": t["values"], "seed": t["seed"]}, names, seeds),
+             f"{t['status']} (early)" if t["early_stopped"] else t["status"],
              f"{100 * t['progress']:.0f}%" if t["progress"] is not None else None,
              f"{t['best_return']:.1f}" if t["best_return"] is not None else None,
              format_duration(t["time_to_target_s"]) if t["time_to_target_s"] is not None else None,
@@ -86,21 +90,25 @@ def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
 
 
 def sweep_header(sweep: SweepDir) -> str:
-    """`ppo-lr-20261204-101010 (ppo-lr) | running | 8 trials: 2 finished, 2 running, 4 pending | 2 at once`."""
+    """`ppo-lr-20261204-101010 (ppo-lr) | running | 8 trials: 2 finished, 2 running, 4 pending | 2 at once` (with
+    trials stopped early: `1 stopped (1 early)`)."""
     data = sweep.read()
     counts = Counter(trial_status(sweep.trial_dir(t["id"])) for t in sweep.trials())
     order = [RunStatus.FINISHED, RunStatus.RUNNING, RunStatus.STARTING, RunStatus.STOPPING, RunStatus.STOPPED,
              RunStatus.FAILED, RunStatus.LOST, RunStatus.CREATED, RunStatus.PENDING]
-    told = ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+    early = len(data.get("early_stopped") or {})
+    told = ", ".join(f"{counts[s]} {s}" + (f" ({early} early)" if s == RunStatus.STOPPED and early else "")
+                     for s in order if counts[s])
     return (f"{sweep.sweep_id} ({data.get('name')}) | {sweep.status(data)} | {sum(counts.values())} trials: {told} "
             f"| {data.get('max_concurrent')} at once")
 
 
 def sweep_view(sweep: SweepDir, width: int | None = None) -> list[Any]:
-    """The header line, the trials table, and why any trial could not start."""
+    """The header line, the trials table, why any trial could not start and why any was stopped early."""
     lines: list[Any] = [sweep_header(sweep), build_table(None, *sweep_rows(sweep), width, SWEEP_DROP)]
-    refused = sweep.read().get("refused") or {}
-    lines += [f"{trial} not started: {why}" for trial, why in refused.items()]
+    data = sweep.read()
+    lines += [f"{trial} not started: {why}" for trial, why in (data.get("refused") or {}).items()]
+    lines += [f"{trial} early-stopped: {why}" for trial, why in (data.get("early_stopped") or {}).items()]
     return lines
 
 
