@@ -125,6 +125,24 @@ def ranked_trials(sweep: SweepDir) -> list[RunDir]:
     return [sweep.trial_dir(s["trial"]) for s in sorted(begun, key=key)]
 
 
+def trials_to_plot(sweep: SweepDir, key: str | None) -> tuple[list[RunDir], dict[str, str]]:
+    """`rlctl plot SWEEP [--group-by KEY]`: the trials that began and, with `key` (a parameter's key path, or its
+    short name as the trials table shows it), each trial's group (`lr=0.004`: its seeds are one curve); ValueError
+    naming the sweep's parameters for a key that is none of them."""
+    params = list(sweep.read().get("params") or [])
+    names = short_keys(params)
+    trials = {t["id"]: t for t in sweep.trials() if trial_status(sweep.trial_dir(t["id"])) != RunStatus.PENDING}
+    dirs = [sweep.trial_dir(t) for t in trials]
+    if key is None:
+        return dirs, {}
+    full = key if key in params else next((k for k, n in names.items() if n == key), None)
+    if full is None:
+        raise ValueError(f"--group-by {key!r}: not a parameter of {sweep.sweep_id}; its parameters: "
+                         f"{', '.join(params) or 'none'}")
+    values = {t: (trial.get("values") or {}).get(full) for t, trial in trials.items()}
+    return dirs, {rd.run_id: f"{names[full]}={_plain(values[rd.run_id])}" for rd in dirs}
+
+
 def plan_rows(trials: list[dict], params: list[str]) -> tuple[list[str], list[list]]:
     """`rlctl plan SWEEP.toml`: one row per trial (id, the values of its parameters, seed); starts nothing."""
     names = short_keys(params)
