@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from rlctl import metric_names as M
 from rlctl.run_reading import as_read, real_number
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
@@ -39,7 +40,7 @@ def best_return(state: dict) -> float | None:
     seen = [real_number(p[c]) for p in (history if isinstance(history, list) else []) if isinstance(p, list)
             for c in (RETURN, EVAL) if len(p) > c]
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
-    seen += [real_number(v) for k, v in metrics.items() if k.endswith("return_mean")]
+    seen += [real_number(v) for k, v in metrics.items() if k.endswith("return_mean") or k == M.EPISODE_RETURN_BEST]
     seen = [v for v in seen if v is not None]
     return max(seen) if seen else None
 
