@@ -594,13 +594,17 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
          smooth: int = typer.Option(1, "--smooth", min=1, help="Trailing moving average over this many points "
                                     "(each point the mean of itself and the W-1 before it)."),
          group: bool = typer.Option(False, "--group", help="One curve per job: the mean of its runs with a band."),
-         band: str = typer.Option("minmax", "--band", help="With --group: minmax (min-max over the runs) or std "
-                                  "(mean ± std)."),
+         group_by: Optional[str] = typer.Option(None, "--group-by", help="With one sweep: one curve per value of this "
+                                                "parameter (key path or short name), the mean of its trials (seeds) "
+                                                "with a band."),
+         band: str = typer.Option("minmax", "--band", help="With --group or --group-by: minmax (min-max over the "
+                                  "runs) or std (mean ± std)."),
          csv_file: Optional[Path] = typer.Option(None, "--csv", help="Write the points (run, x, value; with --group "
                                                  "also low, high) to this CSV file (- for stdout) instead of "
                                                  "drawing in the terminal."),
          runs_dir: Optional[Path] = RunsDirOpt) -> None:
-    """Learning curves of one or more runs, overlaid: in the terminal, or a PNG with --out, or CSV with --csv."""
+    """Learning curves of one or more runs (or a sweep's trials), overlaid: in the terminal, or a PNG with --out, or
+    CSV with --csv."""
     from rlctl.views.console import get_console
     from rlctl.views.curve_data import BANDS, NoCurves, plot_curves
     from rlctl.views.curves import X_AXES, PngError, png_out_problem, png_plot, terminal_plot
@@ -612,9 +616,9 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
     problem = png_out_problem(out) if out is not None else None
     if problem:
         raise _bad_input(problem)
-    dirs = [_resolve(runs_dir, r) for r in (runs or [None])]
+    dirs, group_of = _plot_runs(runs_dir, runs, group_by)
     try:
-        curves, skipped = plot_curves(dirs, metric, x, smooth, band if group else None)
+        curves, skipped = plot_curves(dirs, metric, x, smooth, band if group or group_by else None, group_of)
     except NoCurves as exc:
         raise _bad_input(str(exc)) from None
     for line in skipped:
@@ -630,6 +634,25 @@ def plot(runs: Optional[List[str]] = typer.Argument(None, help="Runs (ids or pre
         print(png_plot(curves, metric, x, out))
     except PngError as exc:
         raise _bad_input(str(exc)) from None
+
+
+def _plot_runs(runs_dir: Optional[Path], runs: Optional[List[str]], group_by: Optional[str]):
+    """The run directories `rlctl plot` reads (one sweep: its trials that began) and, with --group-by, each one's
+    group; exit 2 for --group-by without a sweep or with a key that is none of its parameters."""
+    found = _sweep_named(runs_dir, runs[0]) if runs and len(runs) == 1 else None
+    if found is None:
+        if group_by is not None:
+            raise _bad_input("rlctl plot: --group-by groups the trials of one sweep: rlctl plot SWEEP --group-by KEY")
+        return [_resolve(runs_dir, r) for r in (runs or [None])], None
+    from rlctl.views.sweep_view import trials_to_plot
+
+    try:
+        dirs, group_of = trials_to_plot(found, group_by)
+    except ValueError as exc:
+        raise _bad_input(f"rlctl plot: {exc}") from None
+    if not dirs:
+        raise _bad_input(f"rlctl plot: no trial of {found.sweep_id} has begun")
+    return dirs, group_of
 
 
 def _write_csv(curves, path: Path) -> None:

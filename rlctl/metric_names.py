@@ -9,6 +9,7 @@ ENV_STEPS_PER_S = "charts/env_steps_per_s"
 EPISODES = "charts/episodes"
 EPISODE_RETURN = "charts/episode_return"
 EPISODE_RETURN_MEAN = "charts/episode_return_mean"
+EPISODE_RETURN_BEST = "charts/episode_return_best"  # the best EPISODE_RETURN_MEAN so far (over every segment)
 EPISODE_LENGTH_MEAN = "charts/episode_length_mean"
 
 # Losses (learner cores).

@@ -203,9 +203,11 @@ class TensorBoardWriter:
         self._write(Event(summary=Summary(value=[Summary.Value(tag=tag, metadata=meta)]), step=step,
                           wall_time=time.time()))
 
-    def hparams_start(self, hparams: dict[str, object], metrics: list[str], started_at: float) -> None:
-        """An HParams entry (TensorBoard's HParams tab): the experiment (these hyperparameters, these scalar tags as
-        its metrics, whose last values are the run's final figures) and this run's session with its values."""
+    def hparams_start(self, hparams: dict[str, object], metrics: list[str], started_at: float,
+                      columns: list[str] | None = None) -> None:
+        """An HParams entry (TensorBoard's HParams tab): the experiment (these hyperparameters, or only `columns`,
+        marked as differing between runs; these scalar tags as its metrics, whose last values are the run's final
+        figures) and this run's session with its values."""
         from google.protobuf import struct_pb2
         from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
@@ -214,8 +216,9 @@ class TensorBoardWriter:
         kinds = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
         experiment = api_pb2.Experiment(
             time_created_secs=started_at,
-            hparam_infos=[api_pb2.HParamInfo(name=k, type=kinds.get(type(v), api_pb2.DATA_TYPE_FLOAT64))
-                          for k, v in values.items()],
+            hparam_infos=[api_pb2.HParamInfo(name=k, type=kinds.get(type(v), api_pb2.DATA_TYPE_FLOAT64),
+                                             differs=columns is not None)
+                          for k, v in values.items() if columns is None or k in columns],
             metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in metrics])
         start = plugin_data_pb2.SessionStartInfo(start_time_secs=started_at)
         for k, v in values.items():

@@ -85,6 +85,26 @@ def trial_status(rundir: RunDir) -> str:
     return RunStatus.PENDING if state is None else status_of(state)
 
 
+def sweep_hparams(run_path: Path, hparams: dict) -> dict:
+    """A sweep trial's own hyperparameters for TensorBoard's HParams tab: `sweep.trial`, then each parameter of
+    the sweep (its value as the job has it, else as sweep.json lists it) and `job.seed` where the sweep has several
+    seeds; {} for a run that is no sweep's trial."""
+    parent = Path(run_path).parent
+    if not is_sweep(parent):
+        return {}
+    sweep = SweepDir(parent)
+    trials = sweep.trials()
+    trial = next((t for t in trials if t["id"] == Path(run_path).name), None)
+    if trial is None:
+        return {}
+    values = trial.get("values") if isinstance(trial.get("values"), dict) else {}
+    out: dict = {"sweep.trial": trial["id"]}
+    out.update({k: hparams.get(k, v) for k, v in values.items()})
+    if len({t.get("seed") for t in trials}) > 1:
+        out["job.seed"] = hparams.get("job.seed", trial.get("seed"))
+    return out
+
+
 def is_sweep(path: Path) -> bool:
     """True for a folder holding a sweep.json."""
     return (Path(path) / SWEEP_JSON).is_file()

@@ -57,6 +57,8 @@ def _sweep(directory: Path, pbt: str, perturb: str, head: str = "seeds = [1, 2, 
      r"sweep\.pbt\.perturb\.'model\.hidden': only hyperparameters"),
     ("interval = 5000", '"algorithm.lr" = [0.8, 1.2]', "seeds = [1, 2, 3, 4]\nmax_concurrent = 2",
      r"sweep\.pbt: the population trains together: max_concurrent \(2\) must be at least the number of trials \(4\)"),
+    ("interval = 5000", '"algorithm.lr" = [0.8, 1.2]', 'seeds = [1, 2, 3, 4]\nmax_concurrent = 4\n'
+     '[sweep.early_stop]\nrule = "median"', r"sweep\.early_stop: with \[sweep\.pbt\] a losing trial copies a winner"),
     ("interval = 5000", '"algorithm.lr" = [0.8, 1.2]', 'seeds = [1, 2, 3, 4]\nmax_concurrent = 4\nplace = "hosts"',
      r"sweep\.pbt: population-based training runs its trials on this machine \(place = \"local\"\) for now"),
 ])

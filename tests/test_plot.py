@@ -150,6 +150,60 @@ def test_group_shades_the_band_in_the_png(tmp_path):
     assert (np.abs(image - shade).max(axis=2) < 0.04).sum() > 5000
 
 
+def _sweep_with_curves(tmp_path):
+    """A sweep of 2 learning rates x 2 seeds whose trials' TensorBoard files the supervisor's writer made (and a
+    third rate never begun)."""
+    from rlctl.sweep_dir import SweepDir
+
+    sweep = SweepDir(tmp_path / "runs" / "lrs-20260101-000000")
+    sweep.path.mkdir(parents=True)
+    trials = [{"id": f"t00{i}", "values": {"algorithm.lr": lr, "model.hidden": [64]}, "seed": seed}
+              for i, (lr, seed) in enumerate([(1e-3, 1), (1e-3, 2), (4e-3, 1), (4e-3, 2), (8e-3, 1)])]
+    sweep.write({"sweep_id": sweep.sweep_id, "name": "lrs", "status": "finished", "max_concurrent": 2,
+                 "params": ["algorithm.lr", "model.hidden"], "trials": trials})
+    for i, t in enumerate(trials[:4]):
+        rd = RunDir(sweep.path / t["id"])
+        rd.tb_dir.mkdir(parents=True)
+        rd.write_state({"run_id": t["id"], "job": "ppo-cart", "status": "finished", "started_at": T0,
+                        "ended_at": T0 + 30})
+        tb = TensorBoardWriter(str(rd.tb_dir))
+        for k in range(5):
+            tb.scalars({RETURN: 10.0 * i + k}, step=1000 * k, wall=T0 + k)
+        tb.close()
+    return sweep
+
+
+def test_group_by_draws_a_sweep_as_one_curve_per_value_of_a_parameter_over_its_seeds(tmp_path):
+    sweep = _sweep_with_curves(tmp_path)
+    runs = sweep.path.parent
+    rows = _csv(_plot(runs, sweep.sweep_id, "--group-by", "lr", "--csv", "-").stdout)
+    assert sorted({r["run"] for r in rows}) == ["lr=0.001 (mean of 2 runs, min-max band)",
+                                                "lr=0.004 (mean of 2 runs, min-max band)"]
+    first = [(r["x"], r["value"], r["low"], r["high"]) for r in rows if r["run"].startswith("lr=0.004")][0]
+    assert first == ("0", "25", "20", "30")  # t002 and t003: 20 + k and 30 + k
+    same = _csv(_plot(runs, sweep.sweep_id, "--group-by", "algorithm.lr", "--band", "std", "--csv", "-").stdout)
+    assert (same[0]["value"], same[0]["low"], same[0]["high"]) == ("5", "0", "10") and len(same) == len(rows)
+    each = _csv(_plot(runs, sweep.sweep_id, "--csv", "-").stdout)  # no grouping: a curve per trial that began
+    assert sorted({r["run"] for r in each}) == ["t000", "t001", "t002", "t003"]
+    bad = _plot(runs, sweep.sweep_id, "--group-by", "gamma", code=2).stderr
+    assert "--group-by 'gamma': not a parameter of lrs-20260101-000000; its parameters: algorithm.lr, model.hidden" \
+        in bad and "Traceback" not in bad
+    assert "--group-by groups the trials of one sweep" in _plot(runs, "t000", "--group-by", "lr", code=2).stderr
+
+
+@needs_extra("plot", "matplotlib")
+def test_group_by_writes_a_png_with_a_band_per_value(tmp_path):
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    sweep = _sweep_with_curves(tmp_path)
+    png = tmp_path / "lrs.png"
+    _plot(sweep.path.parent, sweep.sweep_id, "--group-by", "lr", "--out", str(png))
+    image = mpimg.imread(png)[..., :3]
+    shade = np.array([0.12, 0.47, 0.71]) * 0.2 + 0.8  # matplotlib's first colour at alpha 0.2 over white
+    assert (np.abs(image - shade).max(axis=2) < 0.04).sum() > 1000
+
+
 def test_ticks_read_as_numbers_people_write(tmp_path):
     assert [tick_label(v) for v in (0, 490, 12.5, -3.25, 0.0031, 1000, 24_000, 210_400, 999_999, 1_200_000,
                                     -2_500_000, 3.4e9)] == [

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rlctl.job.early_stop_spec import EARLY_STOP_KEYS, RULES, EarlyStopRule
 from rlctl.job.load import JobFileError, validate_job
 from rlctl.job.pbt_spec import PbtSpec, check_values, parse_pbt
 from rlctl.job.resolved import resolved_dict
@@ -27,7 +28,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "place", "trials_per_host", "params",
-              "pbt")
+              "pbt", "early_stop")
 PLACES = ("local", "hosts")  # this machine's cores; one of the base job's [[hosts]] per trial
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
@@ -98,6 +99,7 @@ class SweepSpec:
     trials: list[Trial] = field(default_factory=list)
     jobs: list[JobSpec] = field(default_factory=list)  # trial i's job
     pbt: PbtSpec | None = None  # [sweep.pbt]: population-based training of the trials
+    early_stop: EarlyStopRule | None = None  # [sweep.early_stop]: none, no trial is stopped early
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -129,6 +131,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         problems.append("sweep.trials: draws from distributions ({choice=...}, {uniform=...}, {log_uniform=...}); "
                         "[sweep.params] has none")
     max_concurrent = _positive(table, "max_concurrent", 1, problems)
+    early_stop = _early_stop(table.get("early_stop"), problems)
     sample_seed = table.get("sample_seed", 0)
     if not isinstance(sample_seed, int) or isinstance(sample_seed, bool):
         problems.append(f"sweep.sample_seed: an integer (got {sample_seed!r})")
@@ -142,6 +145,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     elif place == "hosts" and not (isinstance(base_data.get("hosts"), list) and base_data["hosts"]):
         problems.append(f'sweep.place: "hosts" runs each trial on one of the base job\'s [[hosts]]; {base_path.name} '
                         "lists none")
+    if "pbt" in table and "early_stop" in table:
+        problems.append("sweep.early_stop: with [sweep.pbt] a losing trial copies a winner instead of stopping; "
+                        "use one of the two")
     if place == "hosts" and "pbt" in table:
         problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
                         "for now")
@@ -149,7 +155,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if problems:
         raise SweepFileError(path, problems)
     seeds = seeds or [base_data.get("job", {}).get("seed", 0)]
-    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, place, trials_per_host)
+    spec = SweepSpec(path, base_path, name, max_concurrent, params, seeds, place, trials_per_host,
+                     early_stop=early_stop)
     spec.trials = expand(params, seeds, samples, random.Random(sample_seed))
     spec.pbt = parse_pbt(table.get("pbt"), len(spec.trials), max_concurrent, problems)
     if problems:
@@ -268,6 +275,28 @@ def _bounds_problem(kind: str, bounds: object) -> str | None:
     if kind == "log_uniform" and bounds[0] <= 0:
         return f"log_uniform: bounds above 0 (got {bounds!r})"
     return None
+
+
+def _early_stop(table: object, problems: list[str]) -> EarlyStopRule | None:
+    """`[sweep.early_stop]` as a rule (rlctl.supervise.early_stop), or None when the file has none."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        problems.append("sweep.early_stop: a table (rule, grace_env_steps, interval_env_steps, min_trials)")
+        return None
+    problems += [f"sweep.early_stop.{k}: unknown key (known: {', '.join(EARLY_STOP_KEYS)})"
+                 for k in table if k not in EARLY_STOP_KEYS]
+    rule = table.get("rule", "median")
+    if rule not in RULES:
+        problems.append(f"sweep.early_stop.rule: one of {', '.join(RULES)} (got {rule!r})")
+    default = EarlyStopRule()
+    counts = {}
+    for key, low in (("grace_env_steps", 0), ("interval_env_steps", 1), ("min_trials", 1)):
+        value = table.get(key, getattr(default, key))
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            problems.append(f"sweep.early_stop.{key}: an integer >= {low} (got {value!r})")
+        counts[key] = value
+    return EarlyStopRule("median", **counts)
 
 
 def _int_list(table: dict, key: str, problems: list[str]) -> list[int]:

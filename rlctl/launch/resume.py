@@ -103,6 +103,7 @@ def previous_segment(rundir: RunDir, supervisor_gone: bool = False) -> dict:
     preemptions = state.get("preemptions")
     return {"env_steps": _count(metrics.get(M.ENV_STEPS)), "episodes": _count(metrics.get(M.EPISODES)),
             "segments": closed_segments(state), "status": status, "exit_reason": state.get("exit_reason"),
+            "best_return": metrics.get(M.EPISODE_RETURN_BEST),
             "preemptions": [p for p in preemptions if isinstance(p, dict)] if isinstance(preemptions, list) else []}
 
 

@@ -56,7 +56,7 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
     sweep.write({"sweep_id": sweep.sweep_id, "name": spec.name, "source": str(spec.path), "base": str(spec.base),
                  "created_at": time.time(), "max_concurrent": spec.max_concurrent, "place": spec.place,
                  "trials_per_host": spec.trials_per_host, "params": [p.key for p in spec.params],
-                 "status": RunStatus.CREATED,
+                 "status": RunStatus.CREATED, "early_stop": spec.early_stop.record() if spec.early_stop else None,
                  "trials": [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials],
                  **({"pbt": spec.pbt.to_json()} if spec.pbt is not None else {})})
     return sweep

@@ -12,6 +12,7 @@ from rlctl import metric_names as M
 from rlctl.net.control import ControlMessage
 from rlctl.metrics import MetricsHub, TensorBoardWriter, flatten, hyperparameter_table, last_step
 from rlctl.rundir import RunDir
+from rlctl.sweep_dir import sweep_hparams
 from rlctl.job.applicable import applicable_settings
 from rlctl.job.resolved import resolved_dict
 from rlctl.job.spec import JobSpec
@@ -21,7 +22,8 @@ RETURN_HISTORY = 40  # points of the mean training return kept in state.json, on
 PROGRESS_HISTORY = 120  # [time, env steps, mean return, eval return] points: the rates and ETAs of rlctl status
 
 # The scalars TensorBoard's HParams tab shows for each run (their last values: the run's final figures).
-HPARAM_METRICS = [M.EPISODE_RETURN_MEAN, M.EVAL_RETURN_MEAN, M.ENV_STEPS, M.ENV_STEPS_PER_S, M.SAMPLES_PER_S]
+HPARAM_METRICS = [M.EPISODE_RETURN_MEAN, M.EPISODE_RETURN_BEST, M.EVAL_RETURN_MEAN, M.ENV_STEPS, M.ENV_STEPS_PER_S,
+                  M.SAMPLES_PER_S]
 
 
 class MetricsSink:
@@ -36,6 +38,7 @@ class MetricsSink:
         self.wandb = None  # rlctl.supervise.wandb_mirror.WandbMirror when the job asks for one
         self.tb: TensorBoardWriter | None = None
         self.tb_floor = -1  # TensorBoard points of this segment come after this step
+        self.best_return = _figure(resumed or {}, "best_return")  # M.EPISODE_RETURN_BEST, over every segment
         if resumed:
             # A resumed run continues the counters (and TensorBoard's step axis) of the segments before it;
             # state.json lags the event files by up to half a second after a kill: whichever is further wins.
@@ -61,6 +64,11 @@ class MetricsSink:
         dropped, refused = self.own_losses()
         metrics[M.NET_DROPPED] = metrics.get(M.NET_DROPPED, 0) + dropped
         metrics[M.NET_REFUSED] = metrics.get(M.NET_REFUSED, 0) + refused
+        now = _figure(metrics, M.EPISODE_RETURN_MEAN)
+        if now is not None and (self.best_return is None or now > self.best_return):
+            self.best_return = now
+        if self.best_return is not None:
+            metrics[M.EPISODE_RETURN_BEST] = self.best_return
         return metrics
 
     def open_wandb(self) -> None:
@@ -72,11 +80,13 @@ class MetricsSink:
                                      flatten(resolved_dict(self.spec)))
 
     def open_tensorboard(self, started_at: float) -> TensorBoardWriter:
-        """This segment's event file, with the job's hyperparameters."""
+        """This segment's event file, with the job's hyperparameters (a sweep's trial: its experiment, what
+        TensorBoard's HParams tab shows of the sweep's folder, names the sweep's parameters only)."""
         self.tb = TensorBoardWriter(str(self.rundir.tb_dir), after_step=self.tb_floor)
         hparams = applicable_settings(self.spec)  # the sections the job uses (rlctl.job.applicable)
+        swept = sweep_hparams(self.rundir.path, hparams)  # {} outside a sweep
         self.tb.text("hyperparameters", hyperparameter_table(hparams))
-        self.tb.hparams_start(hparams, HPARAM_METRICS, started_at)
+        self.tb.hparams_start({**hparams, **swept}, HPARAM_METRICS, started_at, list(swept) or None)
         return self.tb
 
     def write_point(self) -> None:

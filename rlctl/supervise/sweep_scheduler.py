@@ -21,6 +21,7 @@ from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
 from rlctl.launch.resume import ResumeRefused
 from rlctl.launch.sweep import StartedTrial, start_trial, trial_input, trial_winding_down
 from rlctl.liveness import process_start_time
+from rlctl.supervise.early_stop import EarlyStopper
 from rlctl.rundir import RunBusy, RunLock
 from rlctl.supervise.pbt import PopulationTrainer
 from rlctl.run_status import RunStatus
@@ -41,6 +42,7 @@ class SweepScheduler:
         self.failed: list[str] = []
         self.stop_signals = 0
         self.pbt = PopulationTrainer.of(sweep, self._log)  # None without [sweep.pbt]
+        self.early_stop = EarlyStopper.of(sweep)  # None: no [sweep.early_stop]
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signals += 1
@@ -83,6 +85,7 @@ class SweepScheduler:
         slots = HostSlots(data)
         while not self.stop_signals and (queue or self.running):
             self._reap()
+            self._stop_losers()
             if self.pbt is not None:  # exploits: losers stopped, then resumed first from a donor's checkpoint
                 queue[:0] = self.pbt.step(self.running, lambda t: _signal(self.running[t], signal.SIGTERM))
             while len(self.running) < limit and not self.stop_signals:
@@ -96,6 +99,8 @@ class SweepScheduler:
 
     def _start(self, trial_id: str) -> None:
         """Start one trial (or note why it cannot start, or that it is done)."""
+        if self.early_stop is not None and trial_id in self.early_stop.stopped:
+            return  # judged a loser once: a resumed sweep does not continue it
         reserved = frozenset(p for started in self.running.values() for p in started.ports)
         try:
             given = trial_input(self.sweep, trial_id)
@@ -117,8 +122,18 @@ class SweepScheduler:
             del self.running[trial_id]
             if code not in (0, 130) and not self.stop_signals:
                 self.failed.append(trial_id)
+            if self.early_stop is not None:
+                self.early_stop.ended(trial_id)
             state = started.rundir.read_state() or {}
             self._log(f"{trial_id} {state.get('status')}: {state.get('exit_reason')} (exit {code})")
+
+    def _stop_losers(self) -> None:
+        """Trials the early-stopping rule judges clearly losing stop as `rlctl stop` stops a run (checkpoint kept)."""
+        if self.early_stop is None or self.stop_signals:
+            return
+        for trial_id, why in self.early_stop.judge(list(self.running)).items():
+            self._log(f"{trial_id} early-stopped: {why}")
+            _signal(self.running[trial_id], signal.SIGTERM)
 
     def _wait_all(self) -> None:
         """Wait for every trial supervisor still running (each has been told to stop when the sweep stops)."""

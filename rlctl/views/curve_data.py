@@ -132,10 +132,11 @@ class NoCurves(ValueError):
     """None of the runs has the asked-for curve (the message lists every scalar tag they have)."""
 
 
-def plot_curves(runs: list, metric: str, x: str, smooth: int = 1, band: str | None = None
-                ) -> tuple[list[Curve], list[str]]:
+def plot_curves(runs: list, metric: str, x: str, smooth: int = 1, band: str | None = None,
+                group_of: dict[str, str] | None = None) -> tuple[list[Curve], list[str]]:
     """The curves `rlctl plot` draws for these RunDirs: each run's (smoothed over `smooth` points), or with `band`
-    one per job (aggregate); and a line for each run skipped for lacking the metric. NoCurves if none has it."""
+    one per job (aggregate), or per group where `group_of` gives each run id's; and a line for each run skipped for
+    lacking the metric. NoCurves if none has it."""
     from rlctl.run_reading import job_of_run_id
 
     curves, missing = read_curves([rd.path for rd in runs], metric, x)
@@ -147,7 +148,7 @@ def plot_curves(runs: list, metric: str, x: str, smooth: int = 1, band: str | No
     curves = [smoothed(c, smooth) for c in curves]
     if band is not None:
         lacking = {exc.run for exc in missing}
-        jobs = [(rd.read_state() or {}).get("job") or job_of_run_id(rd.run_id) for rd in runs
-                if rd.run_id not in lacking]
+        jobs = [(group_of or {}).get(rd.run_id) or (rd.read_state() or {}).get("job") or job_of_run_id(rd.run_id)
+                for rd in runs if rd.run_id not in lacking]
         curves = grouped(curves, jobs, band)
     return curves, [f"skipped {exc}" for exc in missing]

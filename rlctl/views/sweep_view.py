@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from rlctl import metric_names as M
 from rlctl.run_reading import as_read, real_number
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
@@ -40,7 +41,7 @@ def best_return(state: dict) -> float | None:
     seen = [real_number(p[c]) for p in (history if isinstance(history, list) else []) if isinstance(p, list)
             for c in (RETURN, EVAL) if len(p) > c]
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
-    seen += [real_number(v) for k, v in metrics.items() if k.endswith("return_mean")]
+    seen += [real_number(v) for k, v in metrics.items() if k.endswith("return_mean") or k == M.EPISODE_RETURN_BEST]
     seen = [v for v in seen if v is not None]
     return max(seen) if seen else None
 
@@ -58,11 +59,13 @@ def trial_summary(sweep: SweepDir, trial: dict) -> dict:
     raw = rundir.read_state()
     state = as_read(raw) if raw is not None else {}
     reached = raw is not None and target_reached(raw)
+    data = sweep.read()
     return {"trial": trial["id"], "values": trial.get("values") or {}, "seed": trial.get("seed"),
             "host": trial.get("host"), "status": trial_status(rundir), "progress": progress(state) if raw is not None else None,
             "best_return": best_return(state) if raw is not None else None,
             "time_to_target_s": state.get("elapsed_s") if reached else None, "elapsed_s": state.get("elapsed_s"),
-            "run_dir": str(rundir.path), "refused": (sweep.read().get("refused") or {}).get(trial["id"])}
+            "run_dir": str(rundir.path), "refused": (data.get("refused") or {}).get(trial["id"]),
+            "early_stopped": (data.get("early_stopped") or {}).get(trial["id"])}
 
 
 def sweep_json(sweep: SweepDir) -> dict:
@@ -73,8 +76,8 @@ def sweep_json(sweep: SweepDir) -> dict:
         for record in (r for r in lineage if r["trial"] == t["trial"] and isinstance(r.get("new"), dict)):
             t["values"] = {**t["values"], **record["new"]}
     return {"sweep_id": sweep.sweep_id, "name": data.get("name"), "status": sweep.status(data),
-            "max_concurrent": data.get("max_concurrent"), "params": data.get("params"), "trials": trials,
-            "lineage": lineage}
+            "max_concurrent": data.get("max_concurrent"), "params": data.get("params"),
+            "early_stop": data.get("early_stop"), "trials": trials, "lineage": lineage}
 
 
 def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
@@ -83,7 +86,8 @@ def sweep_rows(sweep: SweepDir) -> tuple[list[str], list[list]]:
     perturbed = [p["key"] for p in (sweep.read().get("pbt") or {}).get("perturb", []) if isinstance(p, dict)]
     names = short_keys(list(dict.fromkeys([*(data.get("params") or []), *perturbed])))
     seeds = len({t["seed"] for t in data["trials"]}) > 1
-    rows = [[t["trial"], values_text({"values": t["values"], "seed": t["seed"]}, names, seeds), t["status"],
+    rows = [[t["trial"], values_text({"values": t["values"], "seed": t["seed"]}, names, seeds),
+             f"{t['status']} (early)" if t["early_stopped"] else t["status"],
              f"{100 * t['progress']:.0f}%" if t["progress"] is not None else None,
              f"{t['best_return']:.1f}" if t["best_return"] is not None else None,
              format_duration(t["time_to_target_s"]) if t["time_to_target_s"] is not None else None,
@@ -100,21 +104,25 @@ def _with_host_column(columns: list[str], rows: list[list], hosts: list) -> tupl
 
 
 def sweep_header(sweep: SweepDir) -> str:
-    """`ppo-lr-20261204-101010 (ppo-lr) | running | 8 trials: 2 finished, 2 running, 4 pending | 2 at once`."""
+    """`ppo-lr-20261204-101010 (ppo-lr) | running | 8 trials: 2 finished, 2 running, 4 pending | 2 at once` (with
+    trials stopped early: `1 stopped (1 early)`)."""
     data = sweep.read()
     counts = Counter(trial_status(sweep.trial_dir(t["id"])) for t in sweep.trials())
     order = [RunStatus.FINISHED, RunStatus.RUNNING, RunStatus.STARTING, RunStatus.STOPPING, RunStatus.STOPPED,
              RunStatus.FAILED, RunStatus.LOST, RunStatus.CREATED, RunStatus.PENDING]
-    told = ", ".join(f"{counts[s]} {s}" for s in order if counts[s])
+    early = len(data.get("early_stopped") or {})
+    told = ", ".join(f"{counts[s]} {s}" + (f" ({early} early)" if s == RunStatus.STOPPED and early else "")
+                     for s in order if counts[s])
     return (f"{sweep.sweep_id} ({data.get('name')}) | {sweep.status(data)} | {sum(counts.values())} trials: {told} "
             f"| {data.get('max_concurrent')} at once")
 
 
 def sweep_view(sweep: SweepDir, width: int | None = None) -> list[Any]:
-    """The header line, the trials table, and why any trial could not start."""
+    """The header line, the trials table, why any trial could not start and why any was stopped early."""
     lines: list[Any] = [sweep_header(sweep), build_table(None, *sweep_rows(sweep), width, SWEEP_DROP)]
-    refused = sweep.read().get("refused") or {}
-    lines += [f"{trial} not started: {why}" for trial, why in refused.items()]
+    data = sweep.read()
+    lines += [f"{trial} not started: {why}" for trial, why in (data.get("refused") or {}).items()]
+    lines += [f"{trial} early-stopped: {why}" for trial, why in (data.get("early_stopped") or {}).items()]
     return lines + lineage_lines(sweep)
 
 
@@ -148,6 +156,24 @@ def ranked_trials(sweep: SweepDir) -> list[RunDir]:
         return (reached is None, reached or 0.0, -(s["best_return"] if s["best_return"] is not None else -1e300))
 
     return [sweep.trial_dir(s["trial"]) for s in sorted(begun, key=key)]
+
+
+def trials_to_plot(sweep: SweepDir, key: str | None) -> tuple[list[RunDir], dict[str, str]]:
+    """`rlctl plot SWEEP [--group-by KEY]`: the trials that began and, with `key` (a parameter's key path, or its
+    short name as the trials table shows it), each trial's group (`lr=0.004`: its seeds are one curve); ValueError
+    naming the sweep's parameters for a key that is none of them."""
+    params = list(sweep.read().get("params") or [])
+    names = short_keys(params)
+    trials = {t["id"]: t for t in sweep.trials() if trial_status(sweep.trial_dir(t["id"])) != RunStatus.PENDING}
+    dirs = [sweep.trial_dir(t) for t in trials]
+    if key is None:
+        return dirs, {}
+    full = key if key in params else next((k for k, n in names.items() if n == key), None)
+    if full is None:
+        raise ValueError(f"--group-by {key!r}: not a parameter of {sweep.sweep_id}; its parameters: "
+                         f"{', '.join(params) or 'none'}")
+    values = {t: (trial.get("values") or {}).get(full) for t, trial in trials.items()}
+    return dirs, {rd.run_id: f"{names[full]}={_plain(values[rd.run_id])}" for rd in dirs}
 
 
 def plan_rows(trials: list[dict], params: list[str]) -> tuple[list[str], list[list]]:
