@@ -37,23 +37,26 @@ def reached(curve: Curve) -> float:
 
 def median_stops(curves: dict[str, Curve], running: list[str], rule: EarlyStopRule) -> dict[str, str]:
     """Which running trials to stop and why (trial id -> reason): each is judged at its last check point, its best
-    return by then against the median of the others' best by the same env steps (only others that got that far and
-    had a return by then count, and only with at least `min_trials` of them)."""
+    return so far against the median of the others' best by that check point (only others that had a return by
+    then and got that far, or ended sooner: a trial that met its target early counts with its best; and only with
+    at least `min_trials` of them). Its best so far, not by the check point: a trial is seen every half second, and
+    a fast one may first be seen well past its check point."""
     stops = {}
     for trial in running:
         curve = curves.get(trial) or []
         point = rule.check_point(reached(curve))
-        mine = best_by(curve, point) if point is not None else None
-        if mine is None:
+        if point is None or not curve:
             continue
-        others = [best_by(c, point) for t, c in curves.items() if t != trial and reached(c) >= point]
+        mine = best_by(curve, reached(curve))
+        others = [best_by(c, point) for t, c in curves.items()
+                  if t != trial and (reached(c) >= point or t not in running)]
         others = [v for v in others if v is not None]
         if len(others) < rule.min_trials:
             continue
         median = statistics.median(others)
         if mine < median:
-            stops[trial] = (f"best return {mine:.4g} by {point} env steps, below the median {median:.4g} of "
-                            f"{len(others)} other trials there")
+            stops[trial] = (f"best return {mine:.4g} by {reached(curve):.0f} env steps, below the median "
+                            f"{median:.4g} of {len(others)} other trials by {point}")
     return stops
 
 
