@@ -276,3 +276,34 @@ def test_a_node_that_cannot_run_rlctl_fails_the_check_naming_it_and_starts_nothi
     assert proc.returncode == 1, err
     assert "3 of 3 remote hosts failed the check" in err and "node h2 (Slurm job" in err, err
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_sweep_with_place_nodes_runs_one_trial_on_each_node_of_the_allocation(lab, tmp_path):
+    """`rlctl sweep` with `place = "nodes"` inside a 3-node allocation: three trials at once, each with every process
+    on a node of its own (the base job's learner node and its collector), all reaching their target."""
+    runs = tmp_path / "runs"
+    shipped_job(tmp_path, "ppo", name="slurm-sweep", stop="env_steps = 3000\nwall_s = 120", file_name="base.toml",
+                drop=("collectors", "evaluator"), drop_sections=("cluster",),
+                extra='\n[cluster]\nscheduler = "slurm"\nlearner_node_collectors = 1\nevaluator = "none"\n')
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text('[sweep]\nbase = "base.toml"\nseeds = [1, 2, 3]\nmax_concurrent = 3\nplace = "nodes"\n'
+                          '[sweep.params]\n"algorithm.lr" = [4e-3]\n')
+    proc = salloc(lab, ["sweep", str(sweep_file), "--runs-dir", str(runs)])
+    try:
+        out, err = proc.communicate(timeout=CAP_S + 60)
+    finally:
+        end(proc)
+    assert proc.returncode == 0, (out[-2000:], err[-3000:])
+    assert re.search(r"\| finished \| 3 trials: 3 finished", out), out
+    sweep_dir = next(p for p in runs.iterdir() if (p / "sweep.json").is_file())
+    hosts, spans = [], []
+    for trial in ("t000", "t001", "t002"):
+        state = read_state(sweep_dir / trial)
+        assert state["status"] == "finished", state.get("exit_reason")
+        on = {p["host"] for p in state["processes"]}
+        assert len(on) == 1 and {p["role"] for p in state["processes"]} == {"learner", "collector"}, state["processes"]
+        hosts += on
+        spans.append((state["started_at"], state["ended_at"]))
+    assert sorted(hosts) == ["h1", "h2", "h3"], hosts
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # all three ran at once
+    wait_until_no_rlctl_process(lab)

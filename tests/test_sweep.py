@@ -41,7 +41,9 @@ def _base(directory: Path, stop: str = "train_return = 150.0\nwall_s = 120") -> 
     ('"algorithm.ent_coef" = { log_uniform = [0, 1] }', "trials = 2", [r"log_uniform: bounds above 0"]),
     ('"algorithm.lr" = [1e-3]', "trials = 3", [r"sweep\.trials: draws from distributions"]),
     ('"algorithm.lr" = { normal = [0, 1] }', "", [r"sweep\.params\.'algorithm\.lr': a list \(a grid axis\) or one"]),
-    ('"algorithm.lr" = [1e-3]', 'place = "cloud"', [r"sweep\.place: one of 'local', 'hosts' \(got 'cloud'\)"]),
+    ('"algorithm.lr" = [1e-3]', 'place = "cloud"', [r"sweep\.place: one of 'local', 'hosts', 'nodes' \(got 'cloud'\)"]),
+    ('"algorithm.lr" = [1e-3]', 'place = "nodes"', [r"sweep\.place: \"nodes\" runs each trial on one node of the Slurm "
+                                                    r"allocation the sweep runs in; base\.toml needs cluster\.scheduler"]),
     ('"algorithm.lr" = [1e-3]', 'place = "hosts"', [r"sweep\.place: \"hosts\" runs each trial on one of the base job's "
                                                     r"\[\[hosts\]\]; base\.toml lists none"]),
 ])
@@ -133,6 +135,34 @@ def test_host_slots_start_a_trial_only_where_its_host_has_room():
     assert HostSlots({**data, "trials_per_host": 2}).next_startable(["t002"], {"t000": None}) == "t002"
     local = HostSlots({"trials": [{"id": "t000", "host": None}]})
     assert local.next_startable(["t000"], {"t009": None}) == "t000"
+
+
+def test_place_nodes_outside_an_allocation_exits_2_before_anything_is_made(tmp_path):
+    shipped_job(tmp_path, "ppo", file_name="base.toml", drop=("collectors", "evaluator"),
+                extra='\n[cluster]\nscheduler = "slurm"\nlearner_node_collectors = 1\n')
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 2e-3]', head='place = "nodes"')
+    plan = json.loads(run_cli(["plan", str(f), "--json"]).stdout)
+    assert plan["place"] == "nodes" and [t["host"] for t in plan["trials"]] == [None, None]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-m", "rlctl", "sweep", str(f), "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and 'place = "nodes"' in proc.stderr and "not inside a Slurm allocation" in proc.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_node_slots_put_each_trial_on_the_least_busy_node_with_room():
+    from types import SimpleNamespace
+
+    from rlctl.supervise.sweep_scheduler import HostSlots
+
+    slots = HostSlots({"trials_per_host": 1, "place": "nodes"}, ("n1", "n2"))
+    assert slots.next_startable(["t000", "t001", "t002"], {}) == "t000" and slots.node_for({}) == "n1"
+    running = {"t000": SimpleNamespace(node="n1")}
+    assert slots.node_for(running) == "n2"
+    running["t001"] = SimpleNamespace(node="n2")
+    assert slots.node_for(running) is None and slots.next_startable(["t002"], running) is None
+    two = HostSlots({"trials_per_host": 2}, ("n1", "n2"))
+    assert two.node_for(running) == "n1"
 
 
 def _trials(runs: Path) -> tuple[Path, list[dict]]:

@@ -29,7 +29,7 @@ else:  # pragma: no cover - exercised only on 3.10
 
 SWEEP_KEYS = ("base", "name", "seeds", "trials", "max_concurrent", "sample_seed", "place", "trials_per_host", "params",
               "pbt", "early_stop")
-PLACES = ("local", "hosts")  # this machine's cores; one of the base job's [[hosts]] per trial
+PLACES = ("local", "hosts", "nodes")  # this machine; one of the base job's [[hosts]], or one Slurm node, per trial
 DISTRIBUTIONS = ("choice", "uniform", "log_uniform")
 SEED_KEY = "job.seed"  # what `seeds` sets in every trial's job
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -139,18 +139,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     name = table.get("name", path.stem)
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append(f"sweep.name: letters, digits, `_`, `.`, `-` (got {name!r})")
-    place = table.get("place", "local")
-    if place not in PLACES:
-        problems.append(f"sweep.place: one of {', '.join(map(repr, PLACES))} (got {place!r})")
-    elif place == "hosts" and not (isinstance(base_data.get("hosts"), list) and base_data["hosts"]):
-        problems.append(f'sweep.place: "hosts" runs each trial on one of the base job\'s [[hosts]]; {base_path.name} '
-                        "lists none")
-    if "pbt" in table and "early_stop" in table:
-        problems.append("sweep.early_stop: with [sweep.pbt] a losing trial copies a winner instead of stopping; "
-                        "use one of the two")
-    if place == "hosts" and "pbt" in table:
-        problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
-                        "for now")
+    place = _place(table, base_path, base_data, problems)
     trials_per_host = _positive(table, "trials_per_host", 1, problems)
     if problems:
         raise SweepFileError(path, problems)
@@ -165,10 +154,33 @@ def load_sweep(path: str | Path) -> SweepSpec:
     if place == "hosts":
         bases = one_host_jobs(path, base_data)
         spec.trials = [replace(t, host=bases[i % len(bases)]["hosts"][0]["name"]) for i, t in enumerate(spec.trials)]
+    elif place == "nodes":  # the base job's layout on one node: the learner node and its collectors
+        cluster = {k: v for k, v in base_data["cluster"].items() if k != "nodes"}
+        bases = [{**base_data, "cluster": {**cluster, "node_count": 1, "learner_nodes": 1}}]
     spec.jobs = _trial_jobs(path, bases, spec.trials, params)
     if spec.pbt is not None:
         _check_pbt_values(path, spec, base_data)
     return spec
+
+
+def _place(table: dict, base_path: Path, base_data: dict, problems: list[str]) -> str:
+    """`sweep.place`, checked against the base job and what else the sweep asks for."""
+    place = table.get("place", "local")
+    if place not in PLACES:
+        problems.append(f"sweep.place: one of {', '.join(map(repr, PLACES))} (got {place!r})")
+    elif place == "hosts" and not (isinstance(base_data.get("hosts"), list) and base_data["hosts"]):
+        problems.append(f'sweep.place: "hosts" runs each trial on one of the base job\'s [[hosts]]; {base_path.name} '
+                        "lists none")
+    elif place == "nodes" and (base_data.get("cluster") or {}).get("scheduler") != "slurm":
+        problems.append(f'sweep.place: "nodes" runs each trial on one node of the Slurm allocation the sweep runs in; '
+                        f'{base_path.name} needs cluster.scheduler = "slurm"')
+    if "pbt" in table and "early_stop" in table:
+        problems.append("sweep.early_stop: with [sweep.pbt] a losing trial copies a winner instead of stopping; "
+                        "use one of the two")
+    if place != "local" and "pbt" in table:
+        problems.append('sweep.pbt: population-based training runs its trials on this machine (place = "local") '
+                        "for now")
+    return place
 
 
 def one_host_jobs(path: Path, base: dict) -> list[dict]:

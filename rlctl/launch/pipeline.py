@@ -14,7 +14,7 @@ import secrets
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -80,15 +80,20 @@ def launch_input(job_file: Path | None, runs_dir: Path | None = None, resume: bo
     return LaunchInput(spec)
 
 
-def on_allocation(spec: JobSpec) -> tuple[JobSpec, str]:
+def on_allocation(spec: JobSpec, node: str | None = None) -> tuple[JobSpec, str]:
     """(job, where Slurm steps reach this process): a cluster.scheduler = "slurm" job placed on the allocation this
-    process is inside (LaunchRefused naming why it cannot be); any other job as it is."""
+    process is inside, or on its one `node` (a sweep's trial), LaunchRefused naming why it cannot be; any other job
+    as it is."""
     if spec.cluster.scheduler != "slurm":
         return spec, "127.0.0.1"
     from rlctl.launch.slurm import SlurmError, allocation_from_env, route_address, with_allocation
 
     try:
         alloc = allocation_from_env()
+        if node is not None:
+            if node not in alloc.nodes:
+                raise SlurmError(f"node {node} is not in allocation {alloc.job_id} ({', '.join(alloc.nodes)})")
+            alloc = replace(alloc, nodes=(node,))
         placed = with_allocation(spec, alloc, local_python(), os.getcwd())
         return placed, route_address(alloc.addresses[alloc.nodes[0]])
     except SlurmError as exc:
@@ -131,16 +136,16 @@ def plan_to_show(spec: JobSpec, runs_dir: Path | None = None) -> tuple[JobSpec, 
 
 
 def prepare(given: LaunchInput, runs_dir: Path | None = None, detach: bool = False,
-            reserved: frozenset[int] = frozenset()) -> RunDir:
+            reserved: frozenset[int] = frozenset(), node: str | None = None) -> RunDir:
     """Plan the run, check its remote hosts, and write its directory (job, secrets, plan, state "created"): what
-    `supervise` or `start_detached` then runs; its ports none of `reserved`. A resumed run's lock is let go here,
-    however this ends."""
+    `supervise` or `start_detached` then runs; its ports none of `reserved`; a Slurm job on the allocation's one
+    `node` when given. A resumed run's lock is let go here, however this ends."""
     try:
         spec = given.spec
         if detach and spec.cluster.scheduler == "slurm":
             raise LaunchRefused("rlctl run: --detach with cluster.scheduler = \"slurm\": the allocation ends with the "
                                 "command salloc runs, and the run with it; submit a background run with --sbatch")
-        spec, control_address = on_allocation(spec)
+        spec, control_address = on_allocation(spec, node)
         warn_machine(spec)
         # Free where the supervisor binds (preflight checks the hosts), and claimed until the run's servers bind it.
         base_port = choose_base_port(spec, control_address, reserved, claim=True)

@@ -29,10 +29,13 @@ from rlctl.sweep_dir import SweepDir, find_sweep
 
 def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
     """The sweep's directory under the runs folder: sweep.json and a folder per trial holding its job.toml.
-    LaunchRefused for a base job the sweep cannot place (Slurm; other hosts unless `place = "hosts"`)."""
-    if spec.jobs[0].cluster.scheduler == "slurm":
-        raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs in a Slurm allocation; sweeps place trials "
-                            'on this machine\'s cores or on [[hosts]] (place = "hosts"), for now')
+    LaunchRefused for a base job the sweep cannot place (Slurm unless `place = "nodes"` inside an allocation; other
+    hosts unless `place = "hosts"`)."""
+    if spec.place == "nodes":
+        allocation_nodes()  # LaunchRefused outside an allocation, before anything is made
+    elif spec.jobs[0].cluster.scheduler == "slurm":
+        raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs in a Slurm allocation; set "
+                            'place = "nodes" in [sweep] to run each trial on one of its nodes')
     if spec.place == "local" and any(not h.is_local for h in spec.jobs[0].hosts):
         raise LaunchRefused(f"rlctl sweep: {spec.path}: the base job runs on other hosts ([[hosts]]); set "
                             'place = "hosts" in [sweep] to run each trial on one of them')
@@ -60,6 +63,16 @@ def create_sweep(spec: SweepSpec, runs_dir: Path | None = None) -> SweepDir:
                  "trials": [{"id": t.id, "values": t.values, "seed": t.seed, "host": t.host} for t in spec.trials],
                  **({"pbt": spec.pbt.to_json()} if spec.pbt is not None else {})})
     return sweep
+
+
+def allocation_nodes() -> tuple[str, ...]:
+    """The nodes of the Slurm allocation this process is inside (`place = "nodes"`); LaunchRefused outside one."""
+    from rlctl.launch.slurm import SlurmError, allocation_from_env
+
+    try:
+        return allocation_from_env().nodes
+    except SlurmError as exc:
+        raise LaunchRefused(f"rlctl sweep: place = \"nodes\": {exc}") from None
 
 
 def sweep_to_resume(runs_dir: Path | None, name: str | None) -> SweepDir:
@@ -95,25 +108,28 @@ def trial_winding_down(sweep: SweepDir, trial_id: str) -> bool:
 
 @dataclass
 class StartedTrial:
-    """A trial whose supervisor runs: its process and the ports its plan binds (reserved from the next trials)."""
+    """A trial whose supervisor runs: its process, the ports its plan binds (reserved from the next trials) and, with
+    `place = "nodes"`, the Slurm node it runs on."""
 
     trial_id: str
     rundir: RunDir
     proc: subprocess.Popen
     ports: frozenset[int]
+    node: str | None = None
 
 
-def start_trial(sweep: SweepDir, given: LaunchInput, trial_id: str, reserved: frozenset[int]) -> StartedTrial:
-    """Prepare the trial's run (the launch pipeline's `prepare`: plan, run directory) on ports none of `reserved`,
-    and start its supervisor, tethered to this process."""
+def start_trial(sweep: SweepDir, given: LaunchInput, trial_id: str, reserved: frozenset[int],
+                node: str | None = None) -> StartedTrial:
+    """Prepare the trial's run (the launch pipeline's `prepare`: plan, run directory) on ports none of `reserved`
+    (on the allocation's one `node` when given), and start its supervisor, tethered to this process."""
     spec = given.spec
-    rundir = prepare(given, sweep.path, reserved=reserved)
+    rundir = prepare(given, sweep.path, reserved=reserved, node=node)
     base = int((rundir.read_plan() or {}).get("base_port", 0))
     with open(rundir.path / "supervisor.out", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rlctl.supervise.tethered_run", str(os.getpid()),
                                  str(rundir.path)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own session: a terminal's Ctrl-C reaches the scheduler
-    return StartedTrial(trial_id, rundir, proc, frozenset(range(base, base + spec.port_count)))
+    return StartedTrial(trial_id, rundir, proc, frozenset(range(base, base + spec.port_count)), node)
 
 
 def start_detached(sweep: SweepDir) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from rlctl.job.load import JobFileError
 from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
 from rlctl.launch.resume import ResumeRefused
-from rlctl.launch.sweep import StartedTrial, start_trial, trial_input, trial_winding_down
+from rlctl.launch.sweep import StartedTrial, allocation_nodes, start_trial, trial_input, trial_winding_down
 from rlctl.liveness import process_start_time
 from rlctl.supervise.early_stop import EarlyStopper
 from rlctl.rundir import RunBusy, RunLock
@@ -38,6 +38,7 @@ class SweepScheduler:
     def __init__(self, sweep: SweepDir, display=None):
         self.sweep, self.display = sweep, display
         self.running: dict[str, StartedTrial] = {}
+        self.slots = HostSlots({})
         self.refused: dict[str, str] = {}  # trial id -> why it could not start
         self.failed: list[str] = []
         self.stop_signals = 0
@@ -61,6 +62,10 @@ class SweepScheduler:
             self._wait_for_winding_down()
             self._schedule([t["id"] for t in self.sweep.trials()])
             status = RunStatus.STOPPED if self.stop_signals else RunStatus.FINISHED
+        except LaunchRefused as exc:  # place = "nodes" outside an allocation (a resume after it ended)
+            self._log(str(exc))
+            print(exc, file=sys.stderr)
+            return 1
         finally:
             self._wait_all()
             self._record(status, ended_at=time.time())
@@ -82,7 +87,7 @@ class SweepScheduler:
         """Start trials as slots free up, until every one has ended or a stop is asked."""
         data = self.sweep.read()
         limit = max(1, int(data.get("max_concurrent") or 1))
-        slots = HostSlots(data)
+        slots = self.slots = HostSlots(data, allocation_nodes() if data.get("place") == "nodes" else ())
         while not self.stop_signals and (queue or self.running):
             self._reap()
             self._stop_losers()
@@ -106,7 +111,8 @@ class SweepScheduler:
             given = trial_input(self.sweep, trial_id)
             if given is None:
                 return
-            self.running[trial_id] = start_trial(self.sweep, given, trial_id, reserved)
+            node = self.slots.node_for(self.running)
+            self.running[trial_id] = start_trial(self.sweep, given, trial_id, reserved, node)
         except TRIAL_REFUSALS as exc:
             self.refused[trial_id] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             self._log(f"{trial_id} not started: {self.refused[trial_id]}")
@@ -153,18 +159,30 @@ class SweepScheduler:
 
 
 class HostSlots:
-    """Where trials may start: with `place = "hosts"`, each on its own host and at most `trials_per_host` there at
-    once; on this machine, any."""
+    """Where trials may start: with `place = "hosts"`, each on its own host, at most `trials_per_host` there at
+    once; with `place = "nodes"`, on whichever of the allocation's `nodes` has the fewest trials (at most
+    `trials_per_host`); on this machine, any."""
 
-    def __init__(self, sweep_data: dict):
+    def __init__(self, sweep_data: dict, nodes: tuple[str, ...] = ()):
         trials = sweep_data.get("trials") if isinstance(sweep_data.get("trials"), list) else []
         self.host = {t.get("id"): t.get("host") for t in trials if isinstance(t, dict)}
         self.per_host = max(1, int(sweep_data.get("trials_per_host") or 1))
+        self.nodes = nodes
 
-    def next_startable(self, queue: list[str], running) -> str | None:
+    def next_startable(self, queue: list[str], running: dict) -> str | None:
         """The first queued trial whose host has room, or None."""
+        if self.nodes:
+            return queue[0] if queue and self.node_for(running) is not None else None
         busy = Counter(self.host.get(t) for t in running)
         return next((t for t in queue if self.host.get(t) is None or busy[self.host[t]] < self.per_host), None)
+
+    def node_for(self, running: dict) -> str | None:
+        """`place = "nodes"`: the node with the fewest running trials, if it has room (None otherwise)."""
+        if not self.nodes:
+            return None
+        busy = Counter(getattr(started, "node", None) for started in running.values())
+        node = min(self.nodes, key=lambda n: busy[n])
+        return node if busy[node] < self.per_host else None
 
 
 def _signal(started: StartedTrial, sig: int) -> None:
