@@ -266,3 +266,25 @@ def test_a_trial_supervisor_ends_with_the_process_that_started_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rlctl.supervise.tethered_run", str(gone.pid), str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr
+
+
+def test_trials_at_once_on_this_machine_share_its_cores_between_their_learners(tmp_path):
+    """max_concurrent trials each get cores // max_concurrent learner threads (at least 1) unless their job sets
+    learner_threads; trials placed on hosts of their own keep rlctl's choice there."""
+    from rlctl.job.sweep_spec import load_sweep
+    from rlctl.launch.plan import usable_cpus
+    from rlctl.launch.sweep import create_sweep
+
+    _base(tmp_path)
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 2e-3]', head="max_concurrent = 2")
+    sweep = create_sweep(load_sweep(f), tmp_path / "runs")
+    for trial in ("t000", "t001"):
+        assert re.search(rf"(?m)^learner_threads = {max(1, usable_cpus() // 2)}$",
+                         (sweep.path / trial / "job.toml").read_text())
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 2e-3]\n"topology.learner_threads" = [3]',
+                    head="max_concurrent = 2")
+    sweep = create_sweep(load_sweep(f), tmp_path / "runs")
+    assert re.search(r"(?m)^learner_threads = 3$", (sweep.path / "t000" / "job.toml").read_text())
+    f = _sweep_file(tmp_path, '"algorithm.lr" = [1e-3, 2e-3]', head="max_concurrent = 1")
+    sweep = create_sweep(load_sweep(f), tmp_path / "runs")
+    assert re.search(r"(?m)^learner_threads = 0$", (sweep.path / "t000" / "job.toml").read_text())
