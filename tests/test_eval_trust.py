@@ -291,7 +291,10 @@ def test_eval_videos_are_named_by_episode_and_leave_stderr_empty(tmp_path):
         # An XDG_RUNTIME_DIR that is no folder made SDL (pygame's, drawing CartPole) complain on stderr.
         proc = run_cli(["eval", str(ckpt), "--episodes", "3", "--video", str(videos)],
                        env={"XDG_RUNTIME_DIR": str(tmp_path / "nowhere")})
-        assert proc.stderr == "", proc.stderr
+        # Nothing but eval's own progress lines, which a slow first frame (a cold machine's first encoder start
+        # took over 5 s for 3 steps) rightly brings out.
+        assert all(re.fullmatch(r"eval: \d/3 episodes done, [\d,]+ env steps, [\d.]+s", line)
+                   for line in proc.stderr.splitlines()), proc.stderr
         assert sorted(p.name for p in videos.iterdir()) == ["episode-0.mp4", "episode-1.mp4", "episode-2.mp4"]
         assert [line.rsplit(", ", 1)[-1] for line in proc.stdout.splitlines()[1:]] == [
             str(videos / f"episode-{i}.mp4") for i in range(3)], proc.stdout
