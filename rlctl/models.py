@@ -137,6 +137,26 @@ class ConvEncoder(nn.Module):
         return self.fc(self.conv(x))
 
 
+# A batch of boolean observations whose set columns are at most this share of all is cut to them for training
+# (live_columns); above it the gather costs about what the smaller products save.
+LIVE_SHARE_MAX = 0.8
+
+
+def live_columns(flat: torch.Tensor) -> torch.Tensor | None:
+    """The columns of a boolean batch [N, D] that some row sets (int64 [k]), or None where they are over
+    LIVE_SHARE_MAX of D or the batch is not boolean or empty.
+
+    A column no row sets adds nothing to a first linear layer's output and gets an exact zero of weight gradient,
+    so a trunk given only the live columns (FlatMLP.forward's `cols`) computes the same outputs and gradients with a
+    k-wide first product instead of a D-wide one. MinAtar's grids are 1-8% ones: over a PPO batch of 8,192 random
+    Breakout frames 142 of 400 columns are ever set, and its update ran 1.6x faster (bench/learner.py --minatar).
+    """
+    if flat.dtype != torch.bool or flat.dim() != 2 or not len(flat):
+        return None
+    cols = flat.any(0).nonzero().squeeze(1)
+    return cols if len(cols) <= LIVE_SHARE_MAX * flat.shape[1] else None
+
+
 class FlatMLP(nn.Module):
     """Flatten the observation, then an MLP trunk."""
 
@@ -144,9 +164,13 @@ class FlatMLP(nn.Module):
         super().__init__()
         self.trunk, self.out_dim = mlp(math.prod(obs_shape), hidden, activation)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """[B, *obs_shape] -> [B, out_dim]."""
-        return mlp_forward(self.trunk, as_float(obs.reshape(obs.shape[0], -1)))
+    def forward(self, obs: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, *obs_shape] -> [B, out_dim]; with `cols` (live_columns), `obs` is [B, k]: those columns only."""
+        if cols is None or not len(self.trunk):
+            return mlp_forward(self.trunk, as_float(obs.reshape(obs.shape[0], -1)))
+        first = self.trunk[0]
+        x = F.linear(as_float(obs), first.weight.index_select(1, cols), first.bias)
+        return mlp_forward(self.trunk[1:], x)
 
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -194,12 +218,22 @@ class ActorCritic(nn.Module):
         nn.init.zeros_(self.critic_head.bias)
         self.log_std = None if self.discrete else nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits or Gaussian means [B, A], values [B])."""
+    def forward(self, obs: torch.Tensor, cols: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits or Gaussian means [B, A], values [B]); with `cols` (from `live_columns`), `obs` holds only those
+        columns of the flattened observations."""
+        if cols is not None:
+            features, critic = self.actor_body.forward(obs, cols), self.critic_body.forward(obs, cols)
+            return linear(self.actor_head, features), linear(self.critic_head, critic).squeeze(-1)
         features = self.actor_body.forward(obs)
         # Shared convolutions run once for both heads (running them per head doubled every forward and backward).
         critic = features if self.critic_body is self.actor_body else self.critic_body.forward(obs)
         return linear(self.actor_head, features), linear(self.critic_head, critic).squeeze(-1)
+
+    def live_columns(self, obs: torch.Tensor) -> torch.Tensor | None:
+        """`live_columns` of a batch of observations [N, *obs_shape] where both trunks are MLPs, else None."""
+        if not isinstance(self.actor_body, FlatMLP):
+            return None
+        return live_columns(obs.flatten(1))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """State values [B]."""

@@ -13,7 +13,7 @@ invocations) run with `timeout --foreground`, so only the bench itself is signal
 otherwise timeout's signal to the group would stop those children without the bench's help and hide a bench that
 leaves them behind.
 
-bench/replay.py is not here: it starts no process.
+bench/replay.py and bench/minatar_update.py are not here: they start no process.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import torch
 
 from rlctl.algos.onpolicy.returns import gae, ppo_loss, vtrace
 from rlctl.models import ActorCritic, ConvEncoder
+from conftest import needs_extra
 
 
 def t(x, dtype=torch.float32):
@@ -253,3 +254,42 @@ def test_impala_step_with_the_bootstrap_row_outside_autograd_equals_the_step_thr
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
     for a, b in zip(learner.model.parameters(), ref.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_live_columns_are_the_set_ones_of_a_boolean_batch_and_none_where_most_are():
+    from rlctl.models import LIVE_SHARE_MAX, live_columns
+
+    flat = torch.zeros(5, 10, dtype=torch.bool)
+    flat[0, 2] = flat[3, 7] = flat[4, 2] = True
+    assert live_columns(flat).tolist() == [2, 7]
+    assert live_columns(flat.float()) is None  # only 0/1 batches known as such
+    flat[:, : int(LIVE_SHARE_MAX * 10) + 1] = True
+    assert live_columns(flat) is None  # the gather would cost about what it saves
+
+
+@needs_extra("minatar", "minatar")
+def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(monkeypatch):
+    # MinAtar Breakout frames from real play: the update that trains on the columns some frame sets takes the
+    # same step as the one over all 400 (a column no row sets adds no output and an exact zero of weight gradient).
+    from rlctl import models
+    from rlctl.job.load import validate_job
+    from rlctl.roles.learner import build_core
+    from test_cores import collect_blocks, learner_batch
+
+    job = validate_job({"job": {"name": "t", "seed": 3},
+                        "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 8},
+                        "algorithm": {"name": "ppo", "rollout_len": 32, "epochs": 2, "minibatches": 4, "lr": 5e-3},
+                        "model": {"hidden": [32, 32], "activation": "relu"}, "topology": {"collectors": 2}})
+    info, _, _, blocks = collect_blocks(job, 2)
+    batch = learner_batch(job, blocks)
+    live, dense = (build_core(job, info, torch.device("cpu")) for _ in range(2))
+    dense.model.load_state_dict(live.model.state_dict())
+    live_stats = live.update(batch).stats
+    assert live.cols is not None and 0 < len(live.cols) < 400, "Breakout's frames leave most columns unset"
+    monkeypatch.setattr(models, "LIVE_SHARE_MAX", 0.0)
+    dense_stats = dense.update(batch).stats
+    assert dense.cols is None
+    for a, b in zip(live.model.parameters(), dense.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    for k, v in dense_stats.items():
+        assert float(live_stats[k]) == pytest.approx(float(v), rel=1e-3, abs=1e-5), k

@@ -30,6 +30,7 @@ class RolloutCore(LearnerCore):
         self.generator = torch.Generator().manual_seed(job.job.seed * 1000 + setup.rank)
         self.version = 0
         self.max_grad_norm = algo.max_grad_norm
+        self.cols: torch.Tensor | None = None  # PPO: the live observation columns of the update (steps)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         # Fused: one kernel for every parameter (as the Ape-X learner; ~15% of a small network's round on CPU).
@@ -99,7 +100,12 @@ class PPOLearner(RolloutCore):
         keep = r["valid"].reshape(-1).nonzero().squeeze(1)
         # Observations stay as sent (bool grids for MinAtar) until a minibatch's forward: index_select of bool rows
         # is 15x faster than of float ones.
-        rows = {"obs": r["obs"][:T].reshape(T * B, *r["obs"].shape[2:]).index_select(0, keep),
+        obs = r["obs"][:T].reshape(T * B, *r["obs"].shape[2:]).index_select(0, keep)
+        # Boolean grids train on the columns some row sets (exact: models.live_columns), cut once per update.
+        self.cols = self.model.live_columns(obs)
+        if self.cols is not None:
+            obs = obs.flatten(1).index_select(1, self.cols)
+        rows = {"obs": obs,
                 "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
                 "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
         yield from minibatch_epochs(rows, algo.epochs, algo.minibatches, self.generator, self.device)
@@ -111,7 +117,7 @@ class PPOLearner(RolloutCore):
             return self.zero_loss()
         # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
         obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
-        head, value = self.train_model(obs)
+        head, value = self.train_model(obs) if self.cols is None else self.train_model(obs, self.cols)
         logp, entropy = self.model.log_prob_entropy(head, mb["action"])
         adv = mb["adv"]
         if algo.norm_adv and len(adv) > 1:
