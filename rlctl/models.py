@@ -149,7 +149,7 @@ def live_columns(flat: torch.Tensor) -> torch.Tensor | None:
     A column no row sets adds nothing to a first linear layer's output and gets an exact zero of weight gradient,
     so a trunk given only the live columns (FlatMLP.forward's `cols`) computes the same outputs and gradients with a
     k-wide first product instead of a D-wide one. MinAtar's grids are 1-8% ones: over a PPO batch of 8,192 random
-    Breakout frames 142 of 400 columns are ever set, and its update ran 1.6x faster (bench/learner.py --minatar).
+    Breakout frames 142 of 400 columns are ever set, and its update ran 1.35x faster (bench/minatar_update.py).
     """
     if flat.dtype != torch.bool or flat.dim() != 2 or not len(flat):
         return None
@@ -166,7 +166,7 @@ class FlatMLP(nn.Module):
 
     def forward(self, obs: torch.Tensor, cols: torch.Tensor | None = None) -> torch.Tensor:
         """[B, *obs_shape] -> [B, out_dim]; with `cols` (live_columns), `obs` is [B, k]: those columns only."""
-        if cols is None or not len(self.trunk):
+        if cols is None:
             return mlp_forward(self.trunk, as_float(obs.reshape(obs.shape[0], -1)))
         first = self.trunk[0]
         x = F.linear(as_float(obs), first.weight.index_select(1, cols), first.bias)
@@ -230,8 +230,9 @@ class ActorCritic(nn.Module):
         return linear(self.actor_head, features), linear(self.critic_head, critic).squeeze(-1)
 
     def live_columns(self, obs: torch.Tensor) -> torch.Tensor | None:
-        """`live_columns` of a batch of observations [N, *obs_shape] where both trunks are MLPs, else None."""
-        if not isinstance(self.actor_body, FlatMLP):
+        """`live_columns` of a batch of observations [N, *obs_shape] where both trunks are MLPs with a first layer
+        (an empty `hidden` puts the heads on the input itself), else None."""
+        if not isinstance(self.actor_body, FlatMLP) or not len(self.actor_body.trunk):
             return None
         return live_columns(obs.flatten(1))
 

@@ -293,3 +293,11 @@ def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(mo
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     for k, v in dense_stats.items():
         assert float(live_stats[k]) == pytest.approx(float(v), rel=1e-3, abs=1e-5), k
+
+
+def test_an_actor_critic_without_hidden_layers_takes_every_column():
+    # Heads directly on the input (model.hidden = []): there is no first trunk layer to cut.
+    model = ActorCritic((3, 3, 2), n_actions=2, hidden=())
+    assert model.live_columns(torch.zeros(4, 3, 3, 2, dtype=torch.bool)) is None
+    assert ActorCritic((3, 3, 2), n_actions=2, hidden=(8,)).live_columns(torch.zeros(4, 3, 3, 2, dtype=torch.bool)) \
+        is not None
