@@ -137,6 +137,17 @@ def test_host_slots_start_a_trial_only_where_its_host_has_room():
     assert local.next_startable(["t000"], {"t009": None}) == "t000"
 
 
+def test_a_trial_whose_run_finished_did_not_fail_whatever_signal_ended_its_supervisor():
+    # A PBT exploit's SIGTERM reached a trial's supervisor while it exited after its run met its env-step budget:
+    # exit -15, and the sweep ended 1 for a population that had done all it should.
+    from rlctl.supervise.sweep_scheduler import trial_ended_well
+
+    assert trial_ended_well(-15, {"status": "finished"}) and trial_ended_well(-15, {"status": "stopped"})
+    assert trial_ended_well(0, {}) and trial_ended_well(130, {"status": "running"})
+    assert not trial_ended_well(-15, {"status": "running"}) and not trial_ended_well(1, {"status": "failed"})
+    assert not trial_ended_well(1, {})
+
+
 def test_place_nodes_outside_an_allocation_exits_2_before_anything_is_made(tmp_path):
     shipped_job(tmp_path, "ppo", file_name="base.toml", drop=("collectors", "evaluator"),
                 extra='\n[cluster]\nscheduler = "slurm"\nlearner_node_collectors = 1\n')

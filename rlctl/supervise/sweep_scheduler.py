@@ -22,7 +22,7 @@ from rlctl.launch.resume import ResumeRefused
 from rlctl.launch.sweep import StartedTrial, allocation_nodes, start_trial, trial_input, trial_winding_down
 from rlctl.liveness import process_start_time
 from rlctl.supervise.early_stop import EarlyStopper
-from rlctl.rundir import RunBusy, RunLock
+from rlctl.rundir import RunBusy, RunLock, status_of
 from rlctl.supervise.pbt import PopulationTrainer
 from rlctl.run_status import RunStatus
 from rlctl.sweep_dir import SweepDir
@@ -30,6 +30,14 @@ from rlctl.sweep_dir import SweepDir
 POLL_S = 0.5
 WIND_DOWN_WAIT_S = 90.0  # how long a resumed sweep waits for trials still stopping after their scheduler died
 TRIAL_REFUSALS = (JobFileError, LaunchRefused, PreflightFailed, ResumeRefused, RunBusy, OSError, RuntimeError)
+
+
+def trial_ended_well(code: int, state: dict) -> bool:
+    """Whether a trial whose supervisor exited with `code` ended as a run should: exit 0 or 130, or its run's own
+    record says it finished or stopped. An exploit's or early stop's SIGTERM that reaches a supervisor already exiting
+    after its run finished ends it by the signal (exit -15: a PBT test's trial met its env-step budget in the same
+    second), yet the run did not fail."""
+    return code in (0, 130) or status_of(state) in (RunStatus.FINISHED, RunStatus.STOPPED)
 
 
 class SweepScheduler:
@@ -126,11 +134,11 @@ class SweepScheduler:
             if code is None:
                 continue
             del self.running[trial_id]
-            if code not in (0, 130) and not self.stop_signals:
+            state = started.rundir.read_state() or {}
+            if not trial_ended_well(code, state) and not self.stop_signals:
                 self.failed.append(trial_id)
             if self.early_stop is not None:
                 self.early_stop.ended(trial_id)
-            state = started.rundir.read_state() or {}
             self._log(f"{trial_id} {state.get('status')}: {state.get('exit_reason')} (exit {code})")
 
     def _stop_losers(self) -> None:
