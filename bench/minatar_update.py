@@ -92,7 +92,8 @@ def measure(game: str, repeats: int) -> dict:
     models.LIVE_SHARE_MAX = share_max
     flat = batch["obs"][:-1].flatten(0, 1).flatten(1)
     live_ms, dense_ms = statistics.median(times[True]), statistics.median(times[False])
-    share = len(models.live_columns(flat)) / flat.shape[1] if models.live_columns(flat) is not None else 1.0
+    cols = models.live_columns(flat)
+    share = len(cols) / flat.shape[1] if cols is not None else 1.0
     print(f"{game:15s} {len(flat):6d} frames, {share * 100:5.1f}% of {flat.shape[1]} columns live, "
           f"{threads} threads: live {live_ms:6.1f} ms, all columns {dense_ms:6.1f} ms per update, "
           f"{dense_ms / live_ms:.2f}x", flush=True)

@@ -117,7 +117,7 @@ class PPOLearner(RolloutCore):
             return self.zero_loss()
         # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
         obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
-        head, value = self.train_model(obs) if self.cols is None else self.train_model(obs, self.cols)
+        head, value = self.train_model(obs, self.cols)
         logp, entropy = self.model.log_prob_entropy(head, mb["action"])
         adv = mb["adv"]
         if algo.norm_adv and len(adv) > 1:
