@@ -192,8 +192,11 @@ def test_a_killed_supervisor_leaves_nothing_running_and_resume_continues_the_run
     killed_at = time.time()
     steps_at_kill = metric(run_dir, "charts/env_steps")
     version_at_kill = metric(run_dir, "learner/version")
-    wait_for(lambda: not marked_processes(mark), 5, interval=0.05, what="every process of the run to stop")
-    assert time.time() - killed_at <= 5
+    wait_for(lambda: not marked_processes(mark), 10, interval=0.05, what="every process of the run to stop")
+    # Each stops by itself at once (0.2 s here), well inside the 4 s orphan grace that ends it otherwise: a learner
+    # rank waiting for torchrun's dying agent to read its return value, or a heartbeat lingering for the dead
+    # supervisor, reached the grace and a clean-clone CI's 5 s.
+    assert time.time() - killed_at < 3.0, time.time() - killed_at
     status = json.loads(run_cli(["status", run_dir.name, "--runs-dir", str(runs), "--json"]).stdout)
     assert status["status"] == "lost"
     # Each process noticed and stopped by itself.

@@ -59,7 +59,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.module and args.start_method == "fork":
         module = importlib.import_module(args.training_script)
         args.module, args.run_path, args.training_script = False, True, module.__file__
-    run(args)  # a failed worker raises ChildFailedError: torchrun's error report and exit 1
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        run(args)  # a failed worker raises ChildFailedError: torchrun's error report and exit 1
+    except SignalException as exc:
+        # SIGTERM (the supervisor's fallback, or the kernel's once the supervisor is gone): the agent has ended its
+        # workers already. Exit 1 as torchrun does, without its traceback and the interpreter's teardown (0.5 s
+        # after the last worker, on the path of a killed supervisor's processes ending).
+        print(f"torchrun agent stopped by signal {exc.sigval}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
     # Every worker has ended and the agents have passed torchrun's exit barrier: skip the interpreter's teardown of
     # torch (0.3-0.5 s that every stop of the run would wait for).
     sys.stdout.flush()

@@ -308,6 +308,16 @@ class HandshakeWatch(threading.Thread):
         self.monitor.close(linger=0)
 
 
+_unsent_dropped = threading.Event()
+
+
+def drop_unsent_on_close() -> None:
+    """Make every SecureContext.close of this process drop what its sockets have not sent yet, lingers regardless:
+    called once the supervisor is gone, when the control socket's last heartbeat (linger 2 s) has nobody to reach
+    and would only hold up the exit."""
+    _unsent_dropped.set()
+
+
 class SecureContext:
     """A zmq.Context whose sockets all use the job's CURVE keys; servers check clients through ZAP."""
 
@@ -365,7 +375,7 @@ class SecureContext:
             w.join(timeout=1)
         if self._auth is not None:
             self._auth.stop()
-        self.ctx.destroy()
+        self.ctx.destroy(linger=0 if _unsent_dropped.is_set() else None)
 
 
 # Experience socket buffers (kernel, each side) hold about this many transitions, whatever an observation's size.

@@ -90,11 +90,16 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.orphaned = False  # the stop was asked by the supervisor's watch: nobody waits on this process
         signal.signal(signal.SIGTERM, self._set)
         signal.signal(signal.SIGINT, self._set)
 
     def _set(self, signum, frame) -> None:
         self.requested = True
+
+    def orphan(self) -> None:
+        """Stop because the supervisor is gone."""
+        self.orphaned = self.requested = True
 
     def __bool__(self) -> bool:
         return self.requested
@@ -190,6 +195,7 @@ def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thre
         why = f"supervisor (pid {pid}) is gone: stopping"
         gone = events.line("exit", reason=events.EXIT_SUPERVISOR_GONE, detail=why)
         print(f"{stamp()} {gone}", flush=True)
+        wire.drop_unsent_on_close()
         on_gone()
         time.sleep(grace_s)
         os._exit(3)
@@ -255,7 +261,9 @@ def role_main(run) -> None:
     After a clean return (sockets closed, checkpoints written and renamed) the process exits at once: the
     interpreter's teardown of torch and friends takes 0.3-1 s under load, which every stop would wait for
     (torchrun only notices a worker's exit after it). A worker forked by torchrun's agent (`rlctl.launch.torchrun`)
-    returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
+    returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown;
+    unless the supervisor is gone: the agent is shutting down then and never reads it, and the worker would wait for
+    it until its orphan grace ran out (4 s after the supervisor's death, a clean-clone CI's run over 5 s in all).
     """
     stop = StopFlag()
     cores = pin_cores()
@@ -263,7 +271,7 @@ def role_main(run) -> None:
         from rlctl.launch.plan import core_ranges
 
         print(f"pinned to CPU cores {core_ranges(cores)} (pid {os.getpid()})", flush=True)
-    watch_supervisor(lambda: setattr(stop, "requested", True))
+    watch_supervisor(stop.orphan)
     try:
         run(RoleContext.from_env(), stop)
     except Exception as exc:
@@ -272,7 +280,7 @@ def role_main(run) -> None:
         startup_failed(exc)
     sys.stdout.flush()
     sys.stderr.flush()
-    if multiprocessing.parent_process() is None:
+    if multiprocessing.parent_process() is None or stop.orphaned:
         os._exit(0)
 
 
