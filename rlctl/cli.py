@@ -242,12 +242,15 @@ def _launch_errors():
     """The launch library's refusals as exit codes: bad input 2 (the message as the library words it), remote
     hosts that failed the check 1."""
     from rlctl.launch.pipeline import LaunchRefused, PreflightFailed
-    from rlctl.launch.resume import ResumeRefused
+    from rlctl.launch.resume import ResumeRefused, RunAlreadyOver
     from rlctl.rundir import RunNotFound, RunsDirUnusable
     from rlctl.job.load import JobFileError
 
     try:
         yield
+    except RunAlreadyOver as exc:
+        print(f"rlctl: {exc}", file=sys.stderr)
+        raise typer.Exit(0) from None
     except JobFileError as exc:
         raise _bad_input(exc.render()) from None
     except ResumeRefused as exc:

@@ -256,3 +256,21 @@ def test_stop_of_a_queued_run_cancels_its_pending_job_and_marks_it_stopped(tmp_p
     state = run.read_state()
     assert state["status"] == "stopped" and state["exit_reason"] == f"Slurm job {JOB} cancelled while preempted"
     run_cli(["rm", run.run_id, "--runs-dir", str(tmp_path)])  # and then it goes
+
+
+def test_a_requeued_job_whose_run_its_last_stop_took_past_the_target_records_it_finished(tmp_path):
+    """Its last allocation's stop (slow, and counted as run time) took the run past its wall-time target: the next
+    allocation records the run finished by that target and exits 0, where it refused to run and left the run
+    `preempted`, waiting for an allocation that would never come (a clean-clone CI's Slurm test, 20 min)."""
+    from conftest import small_job
+
+    run = preempted_run(tmp_path)  # one allocation of 30 s
+    run.write_job(small_job(tmp_path, stop="wall_s = 25").read_text())
+    out = run_cli(["run", "--slurm-run-dir", str(run.path)], env={"SLURM_JOB_ID": str(JOB), "SLURM_RESTART_COUNT": "1"})
+    assert f"{run.run_id} finished: wall time 30s >= 25s (reached in its last allocation)" in out.stderr, out.stderr
+    state = run.read_state()
+    assert state["status"] == "finished" and state["exit_reason"] == "wall time 30s >= 25s", state
+    assert state["stopped_by"] == {"criterion": "wall_s", "value": 30.0, "threshold": 25.0}
+    assert state["preemptions"] and len(state["segments"]) == 1  # what the run was is kept
+    shown = json.loads(run_cli(["status", run.run_id, "--json", "--runs-dir", str(tmp_path)]).stdout)
+    assert shown["status"] == "finished"

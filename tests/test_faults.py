@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import marked_processes, only_run, read_state, run_cli, wait_for
+from conftest import marked_processes, only_run, pid_alive, read_state, run_cli, wait_for
 from jobfiles import shipped_job
 from rlctl import events
 
@@ -139,6 +139,33 @@ def test_a_killed_torchrun_agent_is_restarted_from_the_checkpoint_and_the_job_so
     resumed = [e for e in resumes(run_dir) if e["path"].endswith("latest.pt")]
     assert resumed and resumed[-1]["update"] > 0, log_text(run_dir, "learner-0")[-3000:]
     assert state["metrics"]["learner/updates"] > resumed[-1]["update"]
+
+
+@pytest.mark.parametrize("target", ["group", "rank"])
+def test_a_sigterm_stops_the_learner_at_once_and_the_job_solves(tmp_path, mark, target):
+    """SIGTERM to the learner's process group (the supervisor's fallback for ranks that never said hello, Slurm's
+    to every process): the rank stops cleanly and it and its agent are gone at once, where the rank waited for the
+    shutting-down agent to read its return value until SIGKILLed (21 s of a preemption's stop in a clean-clone
+    CI). The rank alone SIGTERMed: its agent, alive, restarts it. Either way the job solves."""
+    runs = tmp_path / "runs"
+    proc = start_run(["run", str(apex_job(tmp_path)), "--runs-dir", str(runs)], mark)
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 30, what="the run directory")
+    learning_with_a_checkpoint(run_dir)
+    agent = process_row(run_dir, "learner-0")["pid"]
+    rank = children(agent)[0]
+    os.killpg(agent, signal.SIGTERM) if target == "group" else os.kill(rank, signal.SIGTERM)
+    signalled_at = time.time()
+    gone = [rank, agent] if target == "group" else [rank]
+    wait_for(lambda: not any(pid_alive(pid) for pid in gone), 30, interval=0.02, what="the learner to stop")
+    assert time.time() - signalled_at < 3.0, time.time() - signalled_at
+    code, _, err = finish(proc)
+    assert code == 0, err
+    assert_solved(run_dir)
+    assert "stopped after" in log_text(run_dir, "learner-0")
+    if target == "group":
+        assert process_row(run_dir, "learner-0")["restarts"] == 1
+    else:  # torchrun restarted the rank; its agent lived on
+        assert process_row(run_dir, "learner-0")["pid"] == agent and len(resumes(run_dir)) >= 1
 
 
 def test_a_frozen_learner_rank_is_killed_once_and_the_job_solves(tmp_path, mark):

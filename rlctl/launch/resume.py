@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from rlctl import metric_names as M
@@ -27,6 +28,11 @@ STOP_CRITERIA = ("eval_return", "train_return", "env_steps")  # what --until rep
 
 class ResumeRefused(Exception):
     """The run cannot be resumed as asked (the message says why)."""
+
+
+class RunAlreadyOver(Exception):
+    """A batch job started again for a run that had met a stop target by the end of its last allocation (its stop
+    took the run past it): recorded finished, nothing to run (the message says which target)."""
 
 
 def changed_keys(old: object, new: object, prefix: str = "") -> list[str]:
@@ -119,17 +125,37 @@ def refuse_spent_targets(rundir: RunDir, old: JobSpec, spec: JobSpec, resumed: d
     if resumed["status"] == RunStatus.FINISHED and not until and spec.job.stop == old.job.stop:
         raise ResumeRefused(f"{run} finished ({resumed.get('exit_reason')}); to train on, give it a new target: "
                             f"rlctl run --resume {run} --until env_steps=N (or eval_return=, train_return=, wall_s=)")
+    spent = spent_target(spec, resumed)
+    if spent:
+        criterion, value, target, unit = spent
+        raise ResumeRefused(f"{run} has already reached its {criterion} target ({value:,.0f}{unit} of "
+                            f"{target:,.0f}{unit}; wall time counts every segment): it would stop at once; give a "
+                            f"higher one: rlctl run --resume {run} --until {criterion}=N")
+
+
+def spent_target(spec: JobSpec, resumed: dict) -> tuple[str, float, float, str] | None:
+    """(criterion, value, target, unit) of the first env-step or wall-time target the run has already reached (wall
+    time counts every segment), by the supervisor's own rule (stop_progress); None when there is none."""
     stop = spec.job.stop
     elapsed = sum(s["ended_at"] - s["started_at"] for s in resumed["segments"])
-    spent = [(criterion, f"{value:,.0f}{unit} of {target:,.0f}{unit}")
-             for criterion, value, target, unit in (("env_steps", resumed["env_steps"], stop.env_steps, ""),
-                                                    ("wall_s", elapsed, stop.wall_s, "s"))
-             if target is not None and value >= target]  # the supervisor's own rule (stop_progress), at once
-    if spent:
-        criterion, figures = spent[0]
-        raise ResumeRefused(f"{run} has already reached its {criterion} target ({figures}; wall time counts every "
-                            f"segment): it would stop at once; give a higher one: rlctl run --resume {run} "
-                            f"--until {criterion}=N")
+    for criterion, value, target, unit in (("env_steps", resumed["env_steps"], stop.env_steps, ""),
+                                           ("wall_s", elapsed, stop.wall_s, "s")):
+        if target is not None and value >= target:
+            return criterion, value, target, unit
+    return None
+
+
+def record_spent_run(rundir: RunDir, spent: tuple[str, float, float, str]) -> str:
+    """Record a run whose last allocation's stop took it past a target as finished by that target, as its
+    supervisor would have; returns the reason."""
+    criterion, value, target, _ = spent
+    reason = (f"charts/env_steps {int(value)} >= {int(target)}" if criterion == "env_steps"
+              else f"wall time {value:.0f}s >= {target:g}s")
+    state = rundir.read_state() or {}
+    state.update(status=RunStatus.FINISHED, exit_reason=reason, updated_at=time.time(),
+                 stopped_by={"criterion": criterion, "value": value, "threshold": target})
+    rundir.write_state(state)
+    return reason
 
 
 def prepare_resume(runs_dir: Path | None, run: str | None, job_file: Path | None,
@@ -174,7 +200,13 @@ def prepare_batch_restart(rundir: RunDir, env: dict | None = None) -> tuple[JobS
         restarted = same_job and str(env.get("SLURM_RESTART_COUNT") or "0") not in ("", "0")
         resumed = previous_segment(rundir, supervisor_gone=restarted)
         spec = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
-        refuse_spent_targets(rundir, spec, spec, resumed, {})
+        spent = spent_target(spec, resumed)
+        if spent:
+            # Its last allocation stopped past the target (a slow stop counts as wall time): nothing to run, and
+            # the run is over; left `preempted`, it would wait for an allocation that never comes.
+            reason = record_spent_run(rundir, spent)
+            raise RunAlreadyOver(f"{rundir.run_id} finished: {reason} (reached in its last allocation); Slurm job "
+                                 f"{env.get('SLURM_JOB_ID')} has nothing to run")
     except BaseException:
         lock.release()
         raise

@@ -64,12 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run(args)  # a failed worker raises ChildFailedError: torchrun's error report and exit 1
     except SignalException as exc:
-        # SIGTERM (the supervisor's fallback, or the kernel's once the supervisor is gone): the agent has ended its
-        # workers already. Exit 1 as torchrun does, without its traceback and the interpreter's teardown (0.5 s
-        # after the last worker, on the path of a killed supervisor's processes ending).
-        print(f"torchrun agent stopped by signal {exc.sigval}", file=sys.stderr, flush=True)
+        # SIGTERM (the supervisor's fallback, Slurm's, or the kernel's once the supervisor is gone): the agent has
+        # ended its workers already. Exit as a process the signal ended (128 + N), which the supervisor restarts
+        # outside a stop, where torchrun's exit 1 says it gave up on failing ranks and fails the run; and without
+        # torchrun's traceback and the interpreter's teardown (0.5 s after the last worker).
+        print(f"torchrun agent stopped by signal {int(exc.sigval)}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(128 + int(exc.sigval))
     # Every worker has ended and the agents have passed torchrun's exit barrier: skip the interpreter's teardown of
     # torch (0.3-0.5 s that every stop of the run would wait for).
     sys.stdout.flush()

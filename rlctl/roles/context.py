@@ -90,12 +90,13 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signalled = False  # the stop was asked by SIGTERM/SIGINT
         self.orphaned = False  # the stop was asked by the supervisor's watch: nobody waits on this process
         signal.signal(signal.SIGTERM, self._set)
         signal.signal(signal.SIGINT, self._set)
 
     def _set(self, signum, frame) -> None:
-        self.requested = True
+        self.requested = self.signalled = True
 
     def orphan(self) -> None:
         """Stop because the supervisor is gone."""
@@ -261,9 +262,14 @@ def role_main(run) -> None:
     After a clean return (sockets closed, checkpoints written and renamed) the process exits at once: the
     interpreter's teardown of torch and friends takes 0.3-1 s under load, which every stop would wait for
     (torchrun only notices a worker's exit after it). A worker forked by torchrun's agent (`rlctl.launch.torchrun`)
-    returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown;
-    unless the supervisor is gone: the agent is shutting down then and never reads it, and the worker would wait for
-    it until its orphan grace ran out (4 s after the supervisor's death, a clean-clone CI's run over 5 s in all).
+    returns instead: the agent waits for its return value, and multiprocessing then exits it without teardown.
+    Unless the supervisor is gone or a signal stopped it: the agent is shutting down then (the kernel's SIGTERM once
+    the supervisor is gone, the supervisor's SIGTERM to the whole group, Slurm's to every process, or its own to its
+    workers) and never reads the value, and the worker would wait for it until killed: 4 s after a killed
+    supervisor, and 21 s of a Slurm preemption's stop (the supervisor's SIGKILL) in a clean-clone CI, a stop that
+    then counted against the run's wall time. A signalled worker exits 143 (128 + SIGTERM): should the agent be
+    alive after all (the rank alone signalled), it takes that as a failed worker and restarts it from its
+    checkpoint, where exit 0 without a return value would leave it waiting forever.
     """
     stop = StopFlag()
     cores = pin_cores()
@@ -282,6 +288,8 @@ def role_main(run) -> None:
     sys.stderr.flush()
     if multiprocessing.parent_process() is None or stop.orphaned:
         os._exit(0)
+    if stop.signalled:
+        os._exit(128 + signal.SIGTERM)
 
 
 def recurs(exc: BaseException) -> bool:
