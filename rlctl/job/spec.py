@@ -257,6 +257,9 @@ class EvaluatorSpec(Section):
     """Seconds between evaluation rounds (a round starts once new weights exist; at once while confirming the stop target)."""
     episodes: Annotated[int, Field(ge=1, le=100_000)] = 10
     """Episodes per round; their mean is `eval/return_mean`."""
+    best_rounds: Annotated[int, Field(ge=1, le=1000)] = 10
+    """Most rounds weights are scored on to become checkpoints/best.pt: new weights replace the best only if they
+    match its score over one round more than it was scored on (at least two; 1: picked on a single round)."""
 
 
 class WandbSpec(Section):

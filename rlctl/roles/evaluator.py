@@ -9,6 +9,7 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -97,12 +98,43 @@ def quiet_offscreen_rendering() -> None:
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
-def save_best(rc: RoleContext, model: torch.nn.Module, info: SpaceInfo, version: int, eval_return: float) -> None:
-    """Keep the best-scoring weights so far as checkpoints/best.pt (what SB3's EvalCallback calls best_model)."""
-    save_checkpoint(rc.checkpoint_dir, {
-        "algorithm": rc.job.algorithm.name, "job": resolved_dict(rc.job), "space": info.to_dict(),
-        "model": model.state_dict(), "version": version, "eval_return": eval_return,
-        "time": time.time()}, name="best.pt")
+class BestWeights:
+    """Which weights are checkpoints/best.pt, the best-scoring so far (what SB3's EvalCallback calls best_model).
+
+    One lucky round does not make weights the best. Scored on two rounds of ten CartPole episodes, the newest of the
+    many weights that played 500 in both was kept, and one such Ape-X best.pt scored 464 over 100 fresh episodes
+    (clean-clone CI). So new weights replace the best only if they match its score over one round more than it was
+    scored on (at least two rounds, at most `max_rounds`): each new best has to hold longer. The rounds count towards
+    the stop's streak like any other."""
+
+    def __init__(self, max_rounds: int, save: Callable[[int, float, int], None]):
+        self.max_rounds, self.save = max_rounds, save  # save(version, score, rounds) writes best.pt
+        self.score, self.rounds = float("-inf"), 0
+
+    def consider(self, version: int, first: np.ndarray, play: Callable[[], np.ndarray],
+                 stopped: Callable[[], bool]) -> None:
+        """Weights that just played `first` (one round): play more rounds of them (`play()`) while they match the
+        best, and save them as the best once they have matched it over the rounds needed."""
+        need = min(max(2, self.rounds + 1), self.max_rounds)
+        played = [first]
+        while (score := float(np.concatenate(played).mean())) >= self.score and len(played) < need and not stopped():
+            played.append(play())
+        # >=: among equal scores keep the newest (most trained) weights. Weights the run stopped before their rounds
+        # were played replace the best only by beating it: they are often the ones the stop was decided on.
+        if score > self.score or (score == self.score and len(played) >= need):
+            self.score, self.rounds = score, len(played)
+            self.save(version, score, len(played))
+
+
+def best_checkpoint_writer(rc: RoleContext, model: torch.nn.Module,
+                           info: SpaceInfo) -> Callable[[int, float, int], None]:
+    """save(version, score, rounds): the model's weights as checkpoints/best.pt."""
+    def save(version: int, score: float, rounds: int) -> None:
+        save_checkpoint(rc.checkpoint_dir, {
+            "algorithm": rc.job.algorithm.name, "job": resolved_dict(rc.job), "space": info.to_dict(),
+            "model": model.state_dict(), "version": version, "eval_return": score, "eval_rounds": rounds,
+            "time": time.time()}, name="best.pt")
+    return save
 
 
 class EvalRounds:
@@ -123,7 +155,10 @@ class EvalRounds:
     def play(self, version: int) -> np.ndarray:
         """One round on fresh episodes; returns the episodes' returns."""
         job = self.rc.job
-        returns, lengths = greedy_episodes(self.model, job.env, job.evaluator.episodes, self.rc.seed + self.done,
+        # Sub-env i of a round is seeded `seed + i`: rounds seeded one apart shared all their episodes but one (a
+        # deterministic policy on CartPole played the same nine again), so each round takes the next block of seeds.
+        seed = self.rc.seed + self.done * job.evaluator.episodes
+        returns, lengths = greedy_episodes(self.model, job.env, job.evaluator.episodes, seed,
                                            job.algorithm_entry.recurrent, tick=self.beat)
         self.done += 1
         target = job.job.stop.eval_return
@@ -152,7 +187,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model.eval()
     weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
     rounds = EvalRounds(rc, model, control, weights)
-    evaluated, next_at, best = 0, 0.0, float("-inf")  # evaluated: serial of the weights last evaluated
+    best = BestWeights(job.evaluator.best_rounds, best_checkpoint_writer(rc, model, info))
+    evaluated, next_at = 0, 0.0  # evaluated: serial of the weights last evaluated
     rc.say(f"{job.evaluator.episodes} greedy episodes per round on {job.env.id}")
     while not stop:
         weights.sock.poll(100)
@@ -160,15 +196,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         now = time.monotonic()
         if weights.serial > evaluated and now >= next_at:
             version = weights.version
-            returns = rounds.play(version)
-            if returns.mean() >= best:
-                # One lucky round does not make weights the best: one Ape-X run's best.pt, picked on a single round
-                # of ten CartPole episodes, scored 451 over 100 fresh ones (16 failed). A second round on the same
-                # weights (it counts towards the stop's streak like any other) scores them on twice the episodes.
-                score = float(np.concatenate([returns, rounds.play(version)]).mean())
-                if score >= best:  # >=: among equal scores keep the newest (most trained) weights
-                    best = score
-                    save_best(rc, model, info, version, best)
+            best.consider(version, rounds.play(version), lambda: rounds.play(version), lambda: bool(stop))
             # A round at the stop target is confirmed by the next ones at once (on fresh episodes): waiting
             # interval_s between them only delayed every eval_rounds stop. Once confirmed, the pace is back to
             # interval_s, so no round on weights trained past the stop replaces the figures it stopped on.
