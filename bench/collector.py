@@ -67,14 +67,16 @@ class BareLoop:
         from rlctl.envs import env_space_info, make_vec_env
         from rlctl.algos import build_model
         from rlctl.job.load import load_job
+        from rlctl.role_names import Role
+        from rlctl.roles.context import process_seed
 
         torch.set_num_threads(1)
         self.torch = torch
         job = load_job(job_path)
         algo = job.algorithm
-        seed = job.job.seed * 1000 + 200 + rank  # RoleContext.seed of collector-<rank>
+        seed = process_seed(job.job.seed, Role.COLLECTOR, rank)  # RoleContext.seed of collector-<rank>
         self.rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
+        torch.manual_seed(seed % 2**63)
         self.env = make_vec_env(job.env)
         info = env_space_info(self.env)
         n_actions = info.n_actions

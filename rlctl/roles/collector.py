@@ -35,7 +35,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """Build the env, policy, actor core and sockets, then step until stopped."""
     batch = schedule_as_batch()  # before any thread (ZeroMQ's, torch's) exists: they inherit it
     set_torch_threads()
-    torch.manual_seed(rc.seed)
+    torch.manual_seed(rc.seed % 2**63)  # torch takes 64 bits; the role and rank are in the low ones
     net = wire.SecureContext(rc.keys)
     control = ControlClient(net, rc)
     env = make_vec_env(rc.job.env)

@@ -75,8 +75,19 @@ class RoleContext:
 
     @property
     def seed(self) -> int:
-        """This process's seed, derived from the job seed so processes differ but runs repeat."""
-        return self.job.job.seed * 1000 + {Role.LEARNER: 0, Role.REPLAY_SHARD: 100, Role.COLLECTOR: 200, Role.INFERENCE: 300, Role.EVALUATOR: 900}[self.role] + self.rank
+        """This process's seed (`process_seed`)."""
+        return process_seed(self.job.job.seed, self.role, self.rank)
+
+
+ROLE_SEED_INDEX = {Role.LEARNER: 0, Role.REPLAY_SHARD: 1, Role.COLLECTOR: 2, Role.INFERENCE: 3, Role.EVALUATOR: 4}
+
+
+def process_seed(job_seed: int, role: str, rank: int) -> int:
+    """A process's seed, derived from the job seed so processes differ but runs repeat. Each process owns the 2**32
+    seeds from its own on: gymnasium's vector reset seeds sub-env i `seed + i`, the evaluator's round k from
+    `seed + k * episodes`. Seeds one apart (job seed * 1000 + role offset + rank) gave collector r's sub-envs 1..N-1 the
+    streams of collector r+1's 0..N-2. numpy and gymnasium take seeds of any size; torch's take `seed % 2**63`."""
+    return ((job_seed * 8 + ROLE_SEED_INDEX[role]) << 24 | rank) << 32
 
 
 def _weight_board(path: str | None) -> str | None:

@@ -33,7 +33,7 @@ from rlctl.net import wire
 from rlctl.algos import build_model
 from rlctl.algos.base import ActorCore, ActorSetup
 from rlctl.envs import SpaceInfo, probe_space_info
-from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
+from rlctl.roles.context import ControlClient, RoleContext, StopFlag, process_seed, role_main, set_torch_threads
 from rlctl.net.control import collector_index
 from rlctl.net.weights import WeightSubscriber
 from rlctl.role_names import Role
@@ -181,9 +181,8 @@ class InferenceServer:
 
     def new_core(self, collector: int) -> ActorCore:
         """The actor core a local collector of this rank would run, on the server's model."""
-        seed = self.job.job.seed * 1000 + 200 + collector  # the collector's own seed (RoleContext.seed)
-        return self.actor_class(ActorSetup(self.job, self.info, self.model, collector,
-                                           self.job.env.envs_per_collector, seed))
+        return self.actor_class(ActorSetup(self.job, self.info, self.model, collector, self.job.env.envs_per_collector,
+                                           process_seed(self.job.job.seed, Role.COLLECTOR, collector)))
 
     def forget(self, s: CollectorSession) -> None:
         """Drop a session (its collector restarted or is gone); its unsent experience goes with it."""
