@@ -21,7 +21,7 @@ class Weights:
 
 def _consider(best: BestWeights, version: int, weights: Weights, stopped=lambda: False) -> int:
     """best.consider on weights' rounds; returns the rounds they played."""
-    best.consider(version, weights.play(), weights.play, stopped)
+    best.consider(version, weights.play, stopped)
     return weights.played
 
 

@@ -111,12 +111,11 @@ class BestWeights:
         self.max_rounds, self.save = max_rounds, save  # save(version, score, rounds) writes best.pt
         self.score, self.rounds = float("-inf"), 0
 
-    def consider(self, version: int, first: np.ndarray, play: Callable[[], np.ndarray],
-                 stopped: Callable[[], bool]) -> None:
-        """Weights that just played `first` (one round): play more rounds of them (`play()`) while they match the
-        best, and save them as the best once they have matched it over the rounds needed."""
+    def consider(self, version: int, play: Callable[[], np.ndarray], stopped: Callable[[], bool]) -> None:
+        """New weights: play rounds of them (`play()`, one round's returns) while they match the best, and save them
+        as the best once they have matched it over the rounds needed."""
         need = min(max(2, self.rounds + 1), self.max_rounds)
-        played = [first]
+        played = [play()]
         while (score := float(np.concatenate(played).mean())) >= self.score and len(played) < need and not stopped():
             played.append(play())
         # >=: among equal scores keep the newest (most trained) weights. Weights the run stopped before their rounds
@@ -196,7 +195,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
         now = time.monotonic()
         if weights.serial > evaluated and now >= next_at:
             version = weights.version
-            best.consider(version, rounds.play(version), lambda: rounds.play(version), lambda: bool(stop))
+            best.consider(version, lambda: rounds.play(version), lambda: bool(stop))
             # A round at the stop target is confirmed by the next ones at once (on fresh episodes): waiting
             # interval_s between them only delayed every eval_rounds stop. Once confirmed, the pace is back to
             # interval_s, so no round on weights trained past the stop replaces the figures it stopped on.
