@@ -19,6 +19,7 @@ bench/replay.py and bench/minatar_update.py are not here: they start no process.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import shutil
@@ -136,6 +137,10 @@ CASES = [
     ("atari.py", ["--seconds", "120", "--bare-seconds", "2"], True,
      [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 3, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
+    # the Breakout job's supervisor with every process running (its fork server and two collectors, the learner)
+    ("minatar.py", ["--games", "breakout", "--seeds", "1", "--only", "rlctl", "--cap", "60"], True,
+     [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 3, False), ("rlctl.launch.torchrun", 1, False),
+      "*/runs/*/state.json"]),
     ("fuzz.py", ["--messages", "1000000", "--jobs", "apex"], False,
      [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs-apex/*/state.json"]),
@@ -161,6 +166,8 @@ def _end_with_parent() -> None:
 
 @pytest.mark.parametrize("script,args,foreground,wait_for", CASES, ids=[c[0] for c in CASES])
 def test_killed_bench_leaves_no_child(script, args, foreground, wait_for, tmp_path):
+    if script == "minatar.py" and importlib.util.find_spec("minatar") is None:
+        pytest.skip("bench/minatar.py needs MinAtar: pip install -e '.[minatar]'")
     if script == "launch.py" and (os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd") or not shutil.which("ip")):
         pytest.skip("bench/launch.py needs root, openssh-server and iproute2 (tests/hostlab.py)")
     tag = str(uuid.uuid4())
