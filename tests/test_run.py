@@ -137,7 +137,12 @@ def test_logs_follow_prints_every_line_of_a_finished_run_as_logs_does_ending_wit
     followers = {}
     for i in range(3):
         job = small_job(tmp_path, name=f"follow{i}", stop="env_steps = 4000\nwall_s = 90")
-        job.write_text(job.read_text().replace("evaluator = true", "evaluator = false")
+        # Replay takes in experience only as fast as the learner samples it (4 samples per transition past
+        # min_size), so the 4000 env steps take about 475 updates: the learner logs metrics lines before the stop
+        # however late it starts. Without the limit, three runs starting at once on a slow machine once had one
+        # run's collectors reach 4000 env steps before its learner's first update.
+        job.write_text(job.read_text().replace("min_size = 200", "min_size = 200\nsamples_per_insert = 4.0")
+                       .replace("evaluator = true", "evaluator = false")
                        .replace("metrics_interval_s = 0.3", "metrics_interval_s = 0.2\nlog_interval_s = 0.5"))
         run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=60).stdout.strip().splitlines()[0]
         followers[run_id] = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "-f", run_id], text=True,
