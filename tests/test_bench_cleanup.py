@@ -19,7 +19,6 @@ bench/replay.py and bench/minatar_update.py are not here: they start no process.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, missing_extra
 
 pytestmark = pytest.mark.slow  # end-to-end: real jobs run to their target, faults, or a lab of hosts
 
@@ -166,8 +165,8 @@ def _end_with_parent() -> None:
 
 @pytest.mark.parametrize("script,args,foreground,wait_for", CASES, ids=[c[0] for c in CASES])
 def test_killed_bench_leaves_no_child(script, args, foreground, wait_for, tmp_path):
-    if script == "minatar.py" and importlib.util.find_spec("minatar") is None:
-        pytest.skip("bench/minatar.py needs MinAtar: pip install -e '.[minatar]'")
+    if script == "minatar.py" and (reason := missing_extra("minatar", "minatar")):
+        pytest.skip(f"bench/minatar.py {reason}")
     if script == "launch.py" and (os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd") or not shutil.which("ip")):
         pytest.skip("bench/launch.py needs root, openssh-server and iproute2 (tests/hostlab.py)")
     tag = str(uuid.uuid4())
