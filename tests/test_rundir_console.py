@@ -245,6 +245,11 @@ def test_logs_json_gives_one_object_per_line_and_a_role_typo_names_the_known_rol
     assert rows == [{"ts": T0 + 1, "source": "collector-0", "text": "c1 {not json}"},
                     {"ts": T0 + 3, "source": "supervisor", "text": "run finished after 3.0s: done"}]
     assert run_cli(["logs", run.run_id, "--json", "-f"], env=env).stdout == out  # the run is over: same lines
+    # People's lines are never wrapped, whatever width COLUMNS gives: one entry, one line.
+    long_text = "metrics " + " ".join(f"key{i}=value{i}" for i in range(30))
+    write_log(run, "learner-0", [(T0 + 2, long_text)])
+    shown = run_cli(["logs", run.run_id, "--tail", "2"], env={**env, "COLUMNS": "40"}).stdout.splitlines()
+    assert len(shown) == 2 and shown[0].endswith(f" learner-0 | {long_text}"), shown
     typo = run_cli(["logs", run.run_id, "--role", "colector"], expected_exit=2, env=env)
     assert typo.stdout == ""
     assert typo.stderr.strip() == ("rlctl logs: no role 'colector'; known roles: collector, evaluator, inference, "

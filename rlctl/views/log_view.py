@@ -57,4 +57,5 @@ def log_printer(as_json: bool = False):
             sys.stdout.flush()
         return show
     con = get_console()
-    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]))
+    # One entry, one output line at any width: `--tail N`, grep and the terminal's own wrapping rely on it.
+    return lambda entry: con.print(log_line_markup(entry[1], entry[2], entry[0]), soft_wrap=True)
