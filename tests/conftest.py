@@ -16,11 +16,25 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+FRESH_CLI_ENV = "RLCTL_TEST_FRESH_CLI"  # set to 1: every run_cli call starts a new interpreter
+_zygote = None
+
+
 def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = None, timeout: float = 120,
             cwd: str | Path | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m rlctl ARGS` as a user would; assert the exit code when given."""
-    proc = subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+    """Run `python -m rlctl ARGS` as a user would, in a new process (forked from a warm interpreter, cli_zygote.py);
+    assert the exit code when given."""
+    global _zygote
+    full_env = {**os.environ, **(env or {})}
+    if os.environ.get(FRESH_CLI_ENV) == "1":
+        proc = subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True,
+                              timeout=timeout, env=full_env, cwd=cwd)
+    else:
+        if _zygote is None:
+            from cli_zygote import CliZygote
+
+            _zygote = CliZygote()
+        proc = _zygote.run(args, full_env, None if cwd is None else str(cwd), timeout)
     if expected_exit is not None:
         assert proc.returncode == expected_exit, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc

@@ -8,11 +8,12 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from conftest import run_cli
 
 from rlctl.launch.hosts import SECRET_ENV, SSHLauncher, launcher_for, ssh_hostnames
 from rlctl.launch.plan import (
@@ -45,8 +46,7 @@ SECRET = "rlctl-curve-v1:Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID:server=Q3[kZ}v
 
 def rlctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI (`python -m rlctl ARGS`) as a user would."""
-    return subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env={**os.environ, "COLUMNS": "250", **(env or {})})
+    return run_cli(list(args), expected_exit=None, env={"COLUMNS": "250", **(env or {})}, cwd=REPO)
 
 
 def apex_job(**sections) -> JobSpec:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import math
-import os
 import subprocess
 import sys
 import tomllib
@@ -15,6 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+
+from conftest import run_cli
 
 from rlctl.job import spec as spec_mod
 from rlctl.job.load import JobFileError, load_job, validate_job
@@ -29,8 +30,7 @@ SWEEP_FILES = sorted(p for p in (REPO / "jobs").glob("*.toml") if "[sweep]" in p
 
 def rlctl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI (`python -m rlctl ARGS`) as a user would."""
-    return subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd or REPO, env={**os.environ, "COLUMNS": "200"})
+    return run_cli(list(args), expected_exit=None, env={"COLUMNS": "200"}, cwd=cwd or REPO)
 
 
 def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:

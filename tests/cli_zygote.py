@@ -1,0 +1,184 @@
+"""A warm interpreter that forks `python -m rlctl` processes for the tests' run_cli.
+
+About 180 test calls run the CLI as a user would, each in a new process. A fresh interpreter spends 0.5-3 s importing
+numpy, gymnasium, pydantic and (for `eval`, `run`, `plan`) torch before the command does anything; on this 2-core
+machine that was over half of the quick tier. This process imports those once, then forks one child per call, as
+rlctl's own fork server does for role processes. A child is a separate process from there on: it takes the caller's
+stdin, stdout and stderr, environment, working directory and arguments, puts the caller's PYTHONPATH entries on
+sys.path as start-up would, runs `rlctl` as `__main__` through runpy (what `python -m rlctl` does), and leaves through
+the interpreter's normal exit (atexit handlers, non-daemon threads, flushed streams). Whatever a fresh interpreter
+would show differently (which modules a command imports, start-up itself) is tested with a real `python` elsewhere.
+
+Protocol, over a SOCK_SEQPACKET socketpair: the caller sends one request per call, {"args", "env", "cwd"} with four
+file descriptors attached (the call's own socket, stdin, stdout, stderr). On the call's socket the server answers
+{"pid": p} after the fork and {"code": c} when the child ends (c as Popen's returncode: negative for a signal).
+The server exits when its socket closes, or with its parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+
+PRELOAD = ("numpy", "gymnasium", "pydantic", "zmq", "rich.console", "torch", "rlctl.cli", "rlctl.job.load",
+           "rlctl.algos", "rlctl.checkpoint", "rlctl.launch.plan")
+MAX_MESSAGE = 1 << 20
+
+
+# --------------------------------------------------------------------------- caller side (the test process)
+
+class CliZygote:
+    """The caller's end: start the server once, then run(args, env, cwd, timeout) like subprocess.run."""
+
+    def __init__(self):
+        import subprocess
+
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        theirs.close()
+        self._sock.settimeout(120)
+        if json.loads(self._sock.recv(MAX_MESSAGE) or b"{}").get("ready") is not True:
+            raise RuntimeError("the CLI zygote did not start")
+
+    def run(self, args: list[str], env: dict, cwd: str | None, timeout: float):
+        """Run `python -m rlctl ARGS` in a forked child; a subprocess.CompletedProcess with text output."""
+        import subprocess
+
+        call, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        try:
+            request = {"args": list(args), "env": dict(env), "cwd": os.path.abspath(cwd or os.getcwd())}
+            with self._lock:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], [theirs.fileno(), stdin, out_w, err_w])
+        finally:
+            for fd in (theirs.fileno(), stdin, out_w, err_w):
+                os.close(fd)
+            theirs.detach()
+        with call:
+            call.settimeout(timeout)
+            pid = json.loads(call.recv(MAX_MESSAGE))["pid"]
+            try:
+                out, err = _read_both(out_r, err_r, timeout)
+                code = json.loads(call.recv(MAX_MESSAGE))["code"]
+            except (TimeoutError, socket.timeout):
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired([sys.executable, "-m", "rlctl", *args], timeout) from None
+        return subprocess.CompletedProcess([sys.executable, "-m", "rlctl", *args], code,
+                                           out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _read_both(out_r: int, err_r: int, timeout: float) -> tuple[bytes, bytes]:
+    """Everything written to both pipes until each is closed by every writer; TimeoutError past `timeout`."""
+    import time
+
+    chunks = {out_r: [], err_r: []}
+    open_fds = [out_r, err_r]
+    end = time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for fd in select.select(open_fds, [], [], left)[0]:
+                data = os.read(fd, 1 << 16)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    open_fds.remove(fd)
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    return b"".join(chunks[out_r]), b"".join(chunks[err_r])
+
+
+# --------------------------------------------------------------------------- server side
+
+def _serve(sock: socket.socket) -> None:
+    """Answer requests until the caller's socket closes; report each child's end on its call socket."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    sock.send(json.dumps({"ready": True}).encode())
+    calls: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, call socket)
+    while True:
+        readable = select.select([sock, *calls], [], [])[0]
+        for pidfd in [fd for fd in readable if fd in calls]:
+            pid, call = calls.pop(pidfd)
+            _, status = os.waitpid(pid, 0)
+            os.close(pidfd)
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            try:
+                call.send(json.dumps({"code": code}).encode())
+            except OSError:  # the caller gave up on this call (timeout)
+                pass
+            call.close()
+        if sock in readable:
+            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 4)
+            if not message:
+                return
+            call = socket.socket(fileno=fds[0])
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                call.close()
+                for pidfd, (_, other) in calls.items():
+                    os.close(pidfd)
+                    other.close()
+                _child(json.loads(message), fds[1:])  # never returns
+            for fd in fds[1:]:
+                os.close(fd)
+            call.send(json.dumps({"pid": pid}).encode())
+            calls[os.pidfd_open(pid)] = (pid, call)
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """Become `python -m rlctl ARGS` with the caller's streams, environment and directory; exit as it exits."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # What start-up would have done with this environment: PYTHONPATH entries after sys.path[0], the current
+    # directory first for -m.
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:1] = [os.getcwd(), *extra]
+    sys.argv = ["-m", *request["args"]]
+    code: object = 0
+    try:
+        runpy.run_module("rlctl", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    raise SystemExit(code)  # through the interpreter's own exit: atexit, thread joins, flushes
+
+
+def _set_pdeathsig(sig: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+if __name__ == "__main__":
+    _set_pdeathsig(signal.SIGTERM)
+    if os.getppid() == 1:
+        sys.exit(0)
+    sys.path[0] = os.getcwd()  # like -m, not this file's folder
+    _serve(socket.socket(fileno=int(sys.argv[1])))
