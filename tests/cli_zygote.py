@@ -18,14 +18,18 @@ The server exits when its socket closes, or with its parent (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import runpy
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
+import traceback
 
 PRELOAD = ("numpy", "gymnasium", "pydantic", "zmq", "rich.console", "torch", "rlctl.cli", "rlctl.job.load",
            "rlctl.algos", "rlctl.checkpoint", "rlctl.launch.plan")
@@ -38,8 +42,6 @@ class CliZygote:
     """The caller's end: start the server once, then run(args, env, cwd, timeout) like subprocess.run."""
 
     def __init__(self):
-        import subprocess
-
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.Lock()
         self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
@@ -51,8 +53,6 @@ class CliZygote:
 
     def run(self, args: list[str], env: dict, cwd: str | None, timeout: float):
         """Run `python -m rlctl ARGS` in a forked child; a subprocess.CompletedProcess with text output."""
-        import subprocess
-
         call, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -80,8 +80,6 @@ class CliZygote:
 
 def _read_both(out_r: int, err_r: int, timeout: float) -> tuple[bytes, bytes]:
     """Everything written to both pipes until each is closed by every writer; TimeoutError past `timeout`."""
-    import time
-
     chunks = {out_r: [], err_r: []}
     open_fds = [out_r, err_r]
     end = time.monotonic() + timeout
@@ -106,8 +104,6 @@ def _read_both(out_r: int, err_r: int, timeout: float) -> tuple[bytes, bytes]:
 
 def _serve(sock: socket.socket) -> None:
     """Answer requests until the caller's socket closes; report each child's end on its call socket."""
-    import importlib
-
     for name in PRELOAD:
         importlib.import_module(name)
     sock.send(json.dumps({"ready": True}).encode())
@@ -164,14 +160,13 @@ def _child(request: dict, fds: list[int]) -> None:
     except SystemExit as exc:
         code = exc.code
     except BaseException:
-        import traceback
-
         traceback.print_exc()
         code = 1
     raise SystemExit(code)  # through the interpreter's own exit: atexit, thread joins, flushes
 
 
 def _set_pdeathsig(sig: int) -> None:
+    """Have the kernel send `sig` to this process when its parent ends."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
 
