@@ -12,12 +12,11 @@ would show differently (which modules a command imports, start-up itself) is tes
 Protocol, over a SOCK_SEQPACKET socketpair: the caller sends one request per call, {"args", "env", "cwd"} with four
 file descriptors attached (the call's own socket, stdin, stdout, stderr). On the call's socket the server answers
 {"pid": p} after the fork and {"code": c} when the child ends (c as Popen's returncode: negative for a signal).
-The server exits when its socket closes, or with its parent (PR_SET_PDEATHSIG).
+The server exits when its socket closes, or with its parent (rlctl.tether.tether_to: PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -44,8 +43,8 @@ class CliZygote:
     def __init__(self):
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._lock = threading.Lock()
-        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno()), str(os.getpid())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         theirs.close()
         self._sock.settimeout(120)
         if json.loads(self._sock.recv(MAX_MESSAGE) or b"{}").get("ready") is not True:
@@ -165,15 +164,9 @@ def _child(request: dict, fds: list[int]) -> None:
     raise SystemExit(code)  # through the interpreter's own exit: atexit, thread joins, flushes
 
 
-def _set_pdeathsig(sig: int) -> None:
-    """Have the kernel send `sig` to this process when its parent ends."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 if __name__ == "__main__":
-    _set_pdeathsig(signal.SIGTERM)
-    if os.getppid() == 1:
-        sys.exit(0)
     sys.path[0] = os.getcwd()  # like -m, not this file's folder
+    from rlctl.tether import tether_to
+
+    tether_to(int(sys.argv[2]))
     _serve(socket.socket(fileno=int(sys.argv[1])))
