@@ -11,8 +11,9 @@ import pytest
 from rlctl.launch.forkserver import ForkServer
 
 ROLE = '''
-import os, sys, time
-print("role", os.environ.get("ROLE_SAYS"), os.environ.get("SERVER_ONLY"), os.getpid(), os.getpgid(0), flush=True)
+import gc, os, sys, time
+print("role", os.environ.get("ROLE_SAYS"), os.environ.get("SERVER_ONLY"), os.getpid(), os.getpgid(0),
+      gc.get_freeze_count(), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if os.environ.get("ROLE_SLEEP"):
     time.sleep(60)
@@ -39,6 +40,7 @@ def test_forked_process_gets_its_env_output_session_and_exit_code(server):
     assert words[:3] == ["role", "hello", "no"], out  # the request's environment, not the server's
     assert int(words[3]) == child.pid and int(words[4]) == child.pid  # its own session and process group
     assert "to stderr" in out  # stderr goes down the same pipe as stdout
+    assert int(words[5]) > 100_000  # the server's imports are frozen: its collections leave those pages shared
 
 
 def test_signals_reach_the_forked_process_and_its_end_is_reported(server):
