@@ -5,9 +5,10 @@ numpy, gymnasium, pydantic and (for `eval`, `run`, `plan`) torch before the comm
 machine that was over half of the quick tier. This process imports those once, then forks one child per call, as
 rlctl's own fork server does for role processes. A child is a separate process from there on: it takes the caller's
 stdin, stdout and stderr, environment, working directory and arguments, puts the caller's PYTHONPATH entries on
-sys.path as start-up would, runs `rlctl` as `__main__` through runpy (what `python -m rlctl` does), and leaves through
-the interpreter's normal exit (atexit handlers, non-daemon threads, flushed streams). Whatever a fresh interpreter
-would show differently (which modules a command imports, start-up itself) is tested with a real `python` elsewhere.
+sys.path as start-up would, runs `rlctl` as `__main__` through runpy (what `python -m rlctl` does), and leaves as the
+interpreter's exit does (non-daemon threads joined, atexit handlers run, streams flushed) short of tearing down the
+modules it inherited. Whatever a fresh interpreter would show differently (which modules a command imports, start-up
+itself) is tested with a real `python` elsewhere.
 
 Protocol, over a SOCK_SEQPACKET socketpair: the caller sends one request per call, {"args", "env", "cwd"} with four
 file descriptors attached (the call's own socket, stdin, stdout, stderr). On the call's socket the server answers
@@ -17,6 +18,8 @@ The server exits when its socket closes, or with its parent (rlctl.tether.tether
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import json
 import os
@@ -105,6 +108,7 @@ def _serve(sock: socket.socket) -> None:
     """Answer requests until the caller's socket closes; report each child's end on its call socket."""
     for name in PRELOAD:
         importlib.import_module(name)
+    gc.freeze()  # the preloaded heap out of the collector's reach: a child's collections leave those pages shared
     sock.send(json.dumps({"ready": True}).encode())
     calls: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, call socket)
     while True:
@@ -161,7 +165,28 @@ def _child(request: dict, fds: list[int]) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
-    raise SystemExit(code)  # through the interpreter's own exit: atexit, thread joins, flushes
+    os._exit(_leave(code))
+
+
+def _leave(code: object) -> int:
+    """The interpreter's exit up to module teardown: join threads, run atexit, print a non-int code, flush streams.
+
+    Teardown itself is left out: in a child of this large heap it cost about 1 s per call (most of the CLI tests' time),
+    freeing objects the child never made and that its exit frees anyway.
+    """
+    threading._shutdown()  # what Py_FinalizeEx does first: wait for non-daemon threads
+    atexit._run_exitfuncs()
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:  # as the interpreter does when the final flush fails
+        code = 120
+    return code & 0xFF
 
 
 if __name__ == "__main__":
