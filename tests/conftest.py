@@ -18,6 +18,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 FRESH_CLI_ENV = "RLCTL_TEST_FRESH_CLI"  # set to 1: every run_cli call starts a new interpreter
 _zygote = None
+QUICK_TIER = "not slow"  # the -m expression of the quick tier (README)
+_quick = False
+
+
+def pytest_configure(config):
+    """Note whether this is the quick tier, before any test module (and its @settings) is imported."""
+    global _quick
+    _quick = (config.getoption("markexpr") or "").strip() == QUICK_TIER
+
+
+def examples(n: int) -> int:
+    """A property test's example count: `n` in the whole suite, a fifth of it (at least 10) in the quick tier, which
+    runs every property a little, as Hypothesis's own advice has a small "dev" profile beside a large "ci" one."""
+    return max(10, n // 5) if _quick else n
 
 
 def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = None, timeout: float = 120,

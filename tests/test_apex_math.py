@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from conftest import examples
 from rlctl.algos.apex.dqn import (
     NStepAccumulator,
     double_dqn_targets,
@@ -191,7 +192,7 @@ _EVENT = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     num_envs=st.integers(1, 4),
     n=st.integers(1, 5),
@@ -382,7 +383,7 @@ def test_flat_parameters_round_trip_and_digest():
         load_flat_parameters(dst, torch.zeros(n_params + 1))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 7), st.integers(0, 2**31 - 1))
 def test_chunked_nstep_agrees_with_per_step_accumulator(num_envs, n, chunk, seed):
     from rlctl.algos.apex.dqn import ChunkedNStep
@@ -429,7 +430,7 @@ def test_epsilon_greedy_blocks_follow_per_row_rates():
     np.testing.assert_allclose(np.bincount(actions[:, 1], minlength=3) / 3000, [1 / 3] * 3, atol=0.03)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chunk, seed):
     from rlctl.algos.apex.dqn import ChunkedNStep
@@ -460,7 +461,7 @@ def test_chunked_priorities_from_acting_q_equal_a_fresh_forward(num_envs, n, chu
     np.testing.assert_allclose(batch["priority"], initial_priorities(model, batch), rtol=1e-4, atol=1e-5)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 4), st.lists(st.integers(1, 9), min_size=1, max_size=8), st.integers(0, 2**31 - 1))
 def test_episode_tracker_blocks_agree_with_per_step_accounting(num_envs, blocks, seed):
     from rlctl.envs import autoreset_valid

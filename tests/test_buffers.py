@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from rlctl.data.buffers import PrioritizedReplay, SnapshotError, SumTree, load_snapshot, save_snapshot
 
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # 0 = pure level-by-level descent, 1-3 = mixed, 30 = pure searchsorted over the leaves.
 search_levels = st.sampled_from([0, 1, 2, 3, 30])
@@ -438,7 +439,7 @@ def run_ops(buf: PrioritizedReplay, steps) -> list:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 9), ops, ops)
 def test_snapshot_restore_continues_exactly(cap, before, after):
     buf = PrioritizedReplay(cap, FIELDS, alpha=0.6, beta=0.4, beta_steps=5, seed=7)

@@ -10,7 +10,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import member_keys, only_run, read_state, run_cli, small_job, wait_for
+from conftest import examples, member_keys, only_run, read_state, run_cli, small_job, wait_for
 from rlctl import metric_names as M
 from rlctl.net import wire
 from rlctl.net.control import ControlError, parse_control
@@ -58,7 +58,7 @@ json_like = st.recursive(
     max_leaves=20)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(kind=st.sampled_from(["hello", "heartbeat", "stop", ""]) | st.text(max_size=10),
        sender=st.sampled_from(["collector-0", "learner-1", "evaluator-0", "replay-2"]) | st.text(max_size=20),
        meta=st.dictionaries(st.sampled_from(["pid", "rank", "metrics"]) | st.text(max_size=5), json_like, max_size=4)

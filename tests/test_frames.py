@@ -13,7 +13,7 @@ import torch
 import zmq
 from gymnasium.wrappers import FrameStackObservation
 from hypothesis import given, settings
-from conftest import free_ports
+from conftest import examples, free_ports
 from hypothesis import strategies as st
 
 from rlctl.algos.apex.dqn import ChunkedNStep
@@ -79,7 +79,7 @@ def _stream(seed, s, envs, n, chunk, shape, palette, max_len, steps):
     env.close()
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**16), s=st.integers(2, 4), envs=st.integers(1, 3), n=st.integers(1, 3),
        chunk=st.integers(2, 12), shape=st.sampled_from([(4, 4), (3, 5)]), palette=st.integers(1, 4),
        max_len=st.integers(1, 9), capacity=st.integers(8, 60))
@@ -221,7 +221,7 @@ def _rollouts(seed, s, envs, T, shape, palette, max_len, count):
     env.close()
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=examples(25), deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**16), s=st.integers(2, 4), envs=st.integers(1, 3), T=st.integers(1, 9),
        shape=st.sampled_from([(4, 4), (3, 5)]), palette=st.integers(1, 4), max_len=st.integers(1, 9),
        count=st.integers(1, 3))

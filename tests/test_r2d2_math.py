@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from rlctl.algos.r2d2.model import RecurrentQNetwork
 from rlctl.algos.r2d2.sequences import SequenceCutter
 from rlctl.algos.r2d2.targets import (
@@ -36,7 +37,7 @@ def _paper_inverse(x, eps):
     return np.sign(x) * (((np.sqrt(1 + 4 * eps * (np.abs(x) + 1 + eps)) - 1) / (2 * eps)) ** 2 - 1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(x=st.floats(-1e6, 1e6, allow_nan=False), eps=st.sampled_from([1e-3, 1e-2, 1e-4]))
 def test_value_rescale_round_trip(x, eps):
     x64 = np.array([x, -x, x / 1e3, x / 1e6])
@@ -367,7 +368,7 @@ def _reference_sequences(stream, env, L, P):
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(num_envs=st.integers(1, 3), seq_len=st.integers(1, 7), data=st.data(), num_steps=st.integers(1, 45),
        min_ready=st.integers(1, 4), uint8=st.booleans(), seed=st.integers(0, 2**16),
        episodes=st.lists(st.lists(st.tuples(st.integers(1, 11), st.booleans()), max_size=6), min_size=3,

@@ -24,8 +24,8 @@ def _all_gone(state: dict) -> bool:
 
 
 def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
-    # With the rate limit, 20000 env steps need the learner to have sampled tens of thousands of transitions.
-    job = small_job(tmp_path, stop="env_steps = 20000\nwall_s = 240")
+    # With the rate limit, 8000 env steps need the learner to have sampled about 30000 transitions.
+    job = small_job(tmp_path, stop="env_steps = 8000\nwall_s = 240")
     job.write_text(job.read_text().replace("min_size = 200", "min_size = 200\nsamples_per_insert = 4.0")
                    .replace("batch_size = 32", "batch_size = 32\nsend_batch = 64"))
     runs = tmp_path / "runs"
@@ -49,7 +49,7 @@ def test_run_to_finish_moves_through_states_and_writes_everything(tmp_path):
     assert seen[0] in ("created", "starting")
     assert "running" in seen and seen[-1] == "finished" and seen[seen.index("finished") - 1] == "stopping", seen
     assert not alive_when_finished, "state.json said finished while processes of the run were still stopping"
-    assert state["stopped_by"]["criterion"] == "env_steps" and state["stopped_by"]["value"] >= 20000, state
+    assert state["stopped_by"]["criterion"] == "env_steps" and state["stopped_by"]["value"] >= 8000, state
     assert state["metrics"]["charts/env_steps"] > 0 and state["metrics"]["learner/updates"] > 0
     # The milestones came as events (rlctl.events), each in its own process's log.
     logs = run_dir / "logs"
@@ -129,6 +129,7 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     assert len(tail) == 2 and all("learner-0 |" in line for line in tail), tail
 
 
+@pytest.mark.slow  # three runs at once, each to its end; the quick tier follows one run in the detach test above
 def test_logs_follow_prints_every_line_of_a_finished_run_as_logs_does_ending_with_its_end_line(tmp_path):
     # Three short runs at once, each followed from its start: what `logs -f` printed is what `logs` prints after,
     # to the learner's last words and the supervisor's end line; the logs say how the runs went as they went.

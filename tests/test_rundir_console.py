@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import examples
 from rlctl import liveness, run_logs, rundir
 from rlctl.views import compare_view, console, log_view
 from rlctl.rundir import RunDir, RunNotFound
@@ -300,7 +301,7 @@ def test_formatters():
     assert console.format_rate(None) == "-"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.one_of(st.none(), st.floats(allow_nan=True), st.integers(-10**15, 10**15)))
 def test_formatters_never_raise(x):
     assert isinstance(console.format_duration(x), str)
@@ -507,7 +508,7 @@ def test_runs_table_fits_without_splitting_run_ids(tmp_path, width):
         assert r.run_id in text, text
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
 @given(steps=st.integers(0, 2000), target_steps=st.integers(1, 2000), elapsed=st.floats(0, 100),
        wall=st.floats(0.5, 100), ev=st.one_of(st.none(), st.floats(-10, 10)), target_ev=st.floats(-10, 10),
        streak=st.integers(0, 5), rounds=st.integers(1, 4), ret=st.one_of(st.none(), st.floats(-10, 10)),

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from conftest import run_cli
+from conftest import examples, run_cli
 
 from rlctl.job import spec as spec_mod
 from rlctl.job.load import JobFileError, load_job, validate_job
@@ -662,7 +662,7 @@ def _has_nan(value) -> bool:
     return False
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(doc=st.dictionaries(KEYS, TOML_VALUES, max_size=6))
 def test_fuzz_random_toml_documents(doc):
     text = dumps_toml(doc)
@@ -680,7 +680,7 @@ SECTION_DOCS = st.dictionaries(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(doc=SECTION_DOCS, hosts=st.lists(st.dictionaries(KEYS, TOML_VALUES, max_size=5), max_size=3))
 def test_fuzz_job_shaped_documents(doc, hosts):
     if hosts:
@@ -760,7 +760,7 @@ def _mutate(data, draw) -> None:
     target[draw(KEYS)] = value
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(base=st.sampled_from(range(len(BASE_JOBS))), data=st.data())
 def test_fuzz_mutated_jobs(base, data):
     doc = copy.deepcopy(BASE_JOBS[base])
@@ -786,7 +786,7 @@ RAW_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=RAW_TEXT)
 def test_fuzz_raw_text_to_load_job(tmp_path, text):
     path = tmp_path / "raw.toml"
@@ -800,7 +800,7 @@ def test_fuzz_raw_text_to_load_job(tmp_path, text):
     assert isinstance(spec, JobSpec)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=64))
 def test_fuzz_raw_bytes_to_load_job(tmp_path, raw):
     path = tmp_path / "raw.toml"

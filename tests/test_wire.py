@@ -18,7 +18,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import free_ports, small_job
+from conftest import examples, free_ports, small_job
 from rlctl.net import wire
 
 
@@ -60,7 +60,7 @@ def test_malformed_frames_raise_wire_error(frames):
         wire.decode(frames)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.binary(max_size=64), min_size=0, max_size=4))
 def test_random_bytes_never_raise_anything_but_wire_error(frames):
     try:
@@ -349,7 +349,7 @@ array_specs = st.tuples(st.sampled_from(sorted(wire.ALLOWED_DTYPES)),
                         st.lists(st.integers(0, 6), min_size=0, max_size=3))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(sender=st.text(max_size=14) | st.sampled_from(["collector-0", "collector-²", "collector-1"]),
        fields=st.dictionaries(st.sampled_from(["obs", "value", "action", "logp", "reward", "terminated", "done",
                                                "valid", "frames", "obs_frame", "", "x"]), array_specs, max_size=9),
@@ -366,7 +366,7 @@ header_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**
                                                                                           max_size=3), max_leaves=12)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(header=st.dictionaries(st.sampled_from(["k", "s", "v", "m", "a"]), header_values, max_size=5),
        frames=st.lists(st.binary(max_size=64), max_size=3))
 def test_any_header_the_decoder_is_given_raises_nothing_but_wire_error(header, frames):
