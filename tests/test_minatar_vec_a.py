@@ -3,12 +3,11 @@
 Lockstep: each slot of a vector env runs beside a MinAtar reference env whose random draws are recorded and fed to the
 vector env's draw hook, so every observation, reward and terminal must match exactly, across episodes and autoresets.
 Statistics: random-policy return and length against MinAtar's (constants below; `python tests/test_minatar_vec_a.py`
-recomputes them). Contract: gymnasium's vector API. Speed: printed against gymnasium's SyncVectorEnv over MinAtar.
+recomputes them). Contract: gymnasium's vector API. Speed against SyncVectorEnv over MinAtar: bench/minatar_envs.py.
 """
 
 from __future__ import annotations
 
-import time
 
 import gymnasium
 import numpy as np
@@ -238,38 +237,6 @@ def test_gymnasium_vector_contract(game):
     assert np.array_equal(obs, trajectory[0])
     for t in range(1, 3 * limit + 1):
         assert np.array_equal(again.step(rng.integers(0, 6, n))[0], trajectory[t])
-
-
-# -- speed ---------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("game", list(VEC))
-def test_print_speed_against_sync_vector_env(game, capsys):
-    """Not a check: prints microseconds per env-step at N=64, ours against SyncVectorEnv over MinAtar's env."""
-    import minatar.gym
-    if "MinAtar/Breakout-v1" not in gymnasium.registry:
-        minatar.gym.register_envs()
-    n = 64
-    actions = np.random.default_rng(0).integers(0, 3, (400, n))
-
-    def per_env_step(env, steps):
-        """Microseconds per env-step, the best of three runs (the machine is shared)."""
-        env.reset(seed=0)
-        env.step(actions[0])
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for t in range(steps):
-                env.step(actions[t])
-            best = min(best, (time.perf_counter() - start) / (steps * n) * 1e6)
-        return best
-
-    ours = per_env_step(VEC[game](n, sticky_action_prob=0.0, use_minimal_action_set=True), 300)
-    sync = gymnasium.make_vec(f"MinAtar/{game.title()}-v1", num_envs=n, vectorization_mode="sync",
-                              sticky_action_prob=0.0)
-    theirs = per_env_step(sync, 50)
-    sync.close()
-    with capsys.disabled():
-        print(f"\n{game} at N={n}: {ours:.2f} us/env-step vectorized, {theirs:.2f} sync, {theirs / ours:.1f}x")
 
 
 if __name__ == "__main__":

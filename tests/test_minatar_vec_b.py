@@ -4,13 +4,13 @@ Lockstep: each slot of a vector env runs beside a MinAtar reference env, from fr
 copied out of MinAtar envs (`_load_reference`), and every observation, reward and terminal must match exactly, over
 whole episodes. Space Invaders has no randomness after reset; Seaquest's spawn draws are recorded from the reference
 and fed to the vector env's draw hooks. Statistics: random-policy return and length against MinAtar's (constants
-below; `python tests/test_minatar_vec_b.py` recomputes them). Contract: gymnasium's vector API. Speed: printed.
+below; `python tests/test_minatar_vec_b.py` recomputes them). Contract: gymnasium's vector API. Speed:
+bench/minatar_envs.py.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 import types
 
 import gymnasium
@@ -279,36 +279,6 @@ def test_gymnasium_vector_contract(game):
     assert np.array_equal(obs, trajectory[0])
     for t in range(1, len(trajectory)):
         assert np.array_equal(again.step(rng.integers(0, 6, n))[0], trajectory[t]), f"step {t} not reproduced"
-
-
-# -- speed ---------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("game", list(VEC))
-def test_print_speed_against_sync_vector_env(game, capsys):
-    """Not a check: prints microseconds per env-step at N=64, ours against SyncVectorEnv over MinAtar's env."""
-    import minatar.gym
-    if "MinAtar/Seaquest-v1" not in gymnasium.registry:
-        minatar.gym.register_envs()
-    n = 64
-    actions = np.random.default_rng(0).integers(0, len(VEC[game].minimal_actions), (300, n))
-
-    def per_env_step(env, steps):  # microseconds of CPU, the best of three runs (the machine is shared)
-        env.reset(seed=0)
-        runs = []
-        for _ in range(3):
-            start = time.process_time()
-            for t in range(steps):
-                env.step(actions[t])
-            runs.append((time.process_time() - start) / (steps * n) * 1e6)
-        return min(runs)
-
-    ours = per_env_step(VEC[game](n, sticky_action_prob=0.0, use_minimal_action_set=True), 300)
-    name = "".join(word.title() for word in game.split("_"))
-    sync = gymnasium.make_vec(f"MinAtar/{name}-v1", num_envs=n, vectorization_mode="sync", sticky_action_prob=0.0)
-    theirs = per_env_step(sync, 30)
-    sync.close()
-    with capsys.disabled():
-        print(f"\n{game} at N={n}: {ours:.2f} us/env-step vectorized, {theirs:.2f} sync, {theirs / ours:.1f}x")
 
 
 if __name__ == "__main__":
