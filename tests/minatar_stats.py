@@ -3,11 +3,28 @@ against a port's first episodes per slot, compared within a few standard errors.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Callable
 
 import numpy as np
 
 Draw = Callable[[np.random.Generator, int], np.ndarray]  # (rng, how many) -> actions of the full set
+
+
+def minatar_game(name: str) -> ModuleType:
+    """MinAtar's own game module (minatar.environments.NAME), loaded from its file alone.
+
+    Importing it the usual way runs the package's __init__, which imports MinAtar's display (seaborn, matplotlib:
+    2.5 s of every test session); the game modules need only numpy.
+    """
+    spec = importlib.util.find_spec("minatar")
+    path = Path(spec.submodule_search_locations[0]) / "environments" / f"{name}.py"
+    game_spec = importlib.util.spec_from_file_location(f"minatar_reference_{name}", path)
+    module = importlib.util.module_from_spec(game_spec)
+    game_spec.loader.exec_module(module)
+    return module
 
 
 def reference_stats(env_class, draw: Draw, episodes: int, seed: int = 0, max_len: int = 5000) -> tuple:

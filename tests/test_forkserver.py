@@ -21,13 +21,24 @@ sys.exit(int(os.environ.get("ROLE_EXIT", "0")))
 '''
 
 
-@pytest.fixture
-def server(tmp_path):
-    (tmp_path / "fake_role.py").write_text(ROLE)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SERVER_ONLY": "yes", "PYTHONUNBUFFERED": "1"}
-    srv = ForkServer(sys.executable, env, str(tmp_path / "forkserver.out"))
+def _server(folder):
+    (folder / "fake_role.py").write_text(ROLE)
+    env = {**os.environ, "PYTHONPATH": str(folder), "SERVER_ONLY": "yes", "PYTHONUNBUFFERED": "1"}
+    srv = ForkServer(sys.executable, env, str(folder / "forkserver.out"))
     yield srv, env
     srv.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server (3 s of imports) for the tests that leave it running."""
+    yield from _server(tmp_path_factory.mktemp("forkserver"))
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    """A server for a test that kills it."""
+    yield from _server(tmp_path)
 
 
 def test_forked_process_gets_its_env_output_session_and_exit_code(server):
@@ -56,8 +67,8 @@ def test_signals_reach_the_forked_process_and_its_end_is_reported(server):
     assert again is not None and again.wait(timeout=10) == 0 and again.pid != child.pid
 
 
-def test_children_outlive_the_server_and_a_dead_server_spawns_nothing(server):
-    srv, env = server
+def test_children_outlive_the_server_and_a_dead_server_spawns_nothing(own_server):
+    srv, env = own_server
     child = srv.spawn("fake_role", {**env, "ROLE_SLEEP": "1"})
     assert child.stdout.readline().startswith(b"role")
     srv.proc.kill()

@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 
 from conftest import missing_extra
+from minatar_stats import assert_statistics_match, first_episodes, minatar_game, reference_stats
 
-pytest.importorskip("minatar", reason=missing_extra("minatar", "minatar"))
+if missing_extra("minatar", "minatar"):
+    pytest.skip(missing_extra("minatar", "minatar"), allow_module_level=True)
+asterix = minatar_game("asterix")
+breakout = minatar_game("breakout")
+freeway = minatar_game("freeway")
 
-from minatar.environments import asterix, breakout, freeway  # noqa: E402
-from minatar_stats import assert_statistics_match, first_episodes, reference_stats  # noqa: E402
 from rlctl.minatar_vec.asterix import AsterixVec  # noqa: E402
 from rlctl.minatar_vec.breakout import BreakoutVec  # noqa: E402
 from rlctl.minatar_vec.freeway import FreewayVec  # noqa: E402

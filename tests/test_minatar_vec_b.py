@@ -18,11 +18,13 @@ import numpy as np
 import pytest
 
 from conftest import missing_extra
+from minatar_stats import assert_statistics_match, first_episodes, minatar_game, reference_stats
 
-pytest.importorskip("minatar", reason=missing_extra("minatar", "minatar"))
+if missing_extra("minatar", "minatar"):
+    pytest.skip(missing_extra("minatar", "minatar"), allow_module_level=True)
+seaquest = minatar_game("seaquest")
+space_invaders = minatar_game("space_invaders")
 
-from minatar.environments import seaquest, space_invaders  # noqa: E402
-from minatar_stats import assert_statistics_match, first_episodes, reference_stats  # noqa: E402
 from rlctl.minatar_vec.seaquest import SeaquestVec  # noqa: E402
 from rlctl.minatar_vec.seaquest_objects import diver_code, enemy_code  # noqa: E402
 from rlctl.minatar_vec.space_invaders import SpaceInvadersVec  # noqa: E402
