@@ -19,7 +19,7 @@ class EnvStartError(RuntimeError):
 
 
 def resolve_env_id(env_id: str) -> str:
-    """A registered id as is (ALE and MinAtar ids once their packages are imported); an entry point `module:attr`
+    """A registered id as is (ALE and MinAtar ids once register_env_packages has run); an entry point `module:attr`
     registered once under a derived id."""
     if ":" not in env_id:
         # A package's ids also when something else registered them first: MinAtar's get their vector entry point.

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,9 +18,11 @@ from conftest import REPO, needs_extra, only_run, read_state, run_cli
 from jobfiles import shipped_job
 from rlctl.algos import build_model
 from rlctl.envs import make_vec_env, env_space_info
+from rlctl.job.env_ids import env_id_problem
 from rlctl.job.load import load_job, validate_job
 
 ATARI = needs_extra("atari", "ale_py", "cv2")
+MINATAR = needs_extra("minatar", "minatar")
 
 
 @ATARI
@@ -58,7 +63,7 @@ def test_shared_convolutions_run_once_for_both_heads(monkeypatch):
     assert torch.equal(head, model.actor_head(features)) and torch.equal(value, model.critic_head(features)[:, 0])
 
 
-@needs_extra("minatar", "minatar")
+@MINATAR
 def test_minatar_gets_the_small_conv_and_apex_takes_images():
     job = validate_job({"job": {"name": "m"}, "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 2},
                         "algorithm": {"name": "apex"}, "model": {"encoder": "conv"}})
@@ -74,11 +79,38 @@ def test_minatar_gets_the_small_conv_and_apex_takes_images():
     assert q(torch.from_numpy(obs)).shape == (2, 3)
 
 
-def test_a_missing_env_package_is_named_with_its_extra(tmp_path):
+def test_a_missing_env_package_is_named_with_its_extra(tmp_path, monkeypatch):
     bad = tmp_path / "bad.toml"
     bad.write_text('[job]\nname = "b"\n[env]\nid = "MinAtar/Nothing-v9"\n[algorithm]\nname = "appo"\n')
     out = run_cli(["validate", str(bad)], expected_exit=2)
     assert "env.id" in out.stderr and "not registered" in out.stderr
+    # A near miss is a typo while the package is installed, and a missing extra while it is not.
+    assert env_id_problem("MinAtar/Breakot-v1") == "not registered in gymnasium; did you mean 'MinAtar/Breakout-v1'?"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "minatar" else real_find_spec(name, *a))
+    assert env_id_problem("MinAtar/Breakot-v1") == ("not registered in gymnasium; its package is an extra: "
+                                                    "pip install -e '.[minatar]'")
+
+
+MINATAR_ENV_CHILD = """
+import sys
+from rlctl.envs import make_vec_env
+from rlctl.job.load import load_job
+env = make_vec_env(load_job(sys.argv[1]).env, num_envs=2)
+env.reset(seed=0)
+print(type(env).__name__, sorted(m for m in ("minatar", "seaborn", "matplotlib") if m in sys.modules))
+"""
+
+
+@MINATAR
+def test_a_minatar_job_s_processes_make_its_envs_without_importing_the_minatar_package():
+    """MinAtar's ids are registered without importing the package, whose __init__ imports its display (seaborn,
+    matplotlib: 2.6 s of every process of a MinAtar job); the vector envs are rlctl's own."""
+    out = subprocess.run([sys.executable, "-c", MINATAR_ENV_CHILD, str(REPO / "jobs" / "ppo-breakout-minatar.toml")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["BreakoutVec", "[]"], out.stdout
 
 
 @pytest.mark.slow
