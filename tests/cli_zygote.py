@@ -41,7 +41,8 @@ MAX_MESSAGE = 1 << 20
 # --------------------------------------------------------------------------- caller side (the test process)
 
 class CliZygote:
-    """The caller's end: start the server once, then run(args, env, cwd, timeout) like subprocess.run."""
+    """The caller's end: start the server once, then run(args, env, cwd, timeout) like subprocess.run, or
+    start(args, env, cwd) like subprocess.Popen."""
 
     def __init__(self):
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -53,8 +54,8 @@ class CliZygote:
         if json.loads(self._sock.recv(MAX_MESSAGE) or b"{}").get("ready") is not True:
             raise RuntimeError("the CLI zygote did not start")
 
-    def run(self, args: list[str], env: dict, cwd: str | None, timeout: float):
-        """Run `python -m rlctl ARGS` in a forked child; a subprocess.CompletedProcess with text output."""
+    def start(self, args: list[str], env: dict, cwd: str | None) -> "ForkedCli":
+        """Start `python -m rlctl ARGS` in a forked child, its stdout and stderr piped (text), like subprocess.Popen."""
         call, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -67,39 +68,79 @@ class CliZygote:
             for fd in (theirs.fileno(), stdin, out_w, err_w):
                 os.close(fd)
             theirs.detach()
-        with call:
-            call.settimeout(timeout)
-            pid = json.loads(call.recv(MAX_MESSAGE))["pid"]
+        call.settimeout(60)
+        pid = json.loads(call.recv(MAX_MESSAGE))["pid"]
+        return ForkedCli(call, pid, out_r, err_r, [sys.executable, "-m", "rlctl", *args])
+
+    def run(self, args: list[str], env: dict, cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
+        """Run `python -m rlctl ARGS` in a forked child; a subprocess.CompletedProcess with text output."""
+        proc = self.start(args, env, cwd)
+        try:
+            out, err = proc.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+class ForkedCli:
+    """Popen's interface (pid, args, stdout, stderr, returncode, poll, wait, send_signal, kill, communicate) for a
+    child of the zygote; its end is what the server reports on the call's socket."""
+
+    def __init__(self, call: socket.socket, pid: int, out_r: int, err_r: int, args: list[str]):
+        self._call, self.pid, self.args = call, pid, args
+        self.stdout = open(out_r, errors="replace")
+        self.stderr = open(err_r, errors="replace")
+        self.returncode: int | None = None
+
+    def _take_end(self, timeout: float | None) -> None:
+        self._call.settimeout(timeout)
+        self.returncode = json.loads(self._call.recv(MAX_MESSAGE))["code"]
+        self._call.close()
+
+    def poll(self) -> int | None:
+        """The exit code once the child has ended, else None."""
+        if self.returncode is None:
             try:
-                out, err = _read_both(out_r, err_r, timeout)
-                code = json.loads(call.recv(MAX_MESSAGE))["code"]
-            except (TimeoutError, socket.timeout):
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired([sys.executable, "-m", "rlctl", *args], timeout) from None
-        return subprocess.CompletedProcess([sys.executable, "-m", "rlctl", *args], code,
-                                           out.decode(errors="replace"), err.decode(errors="replace"))
+                self._take_end(0)
+            except (BlockingIOError, TimeoutError):
+                pass
+        return self.returncode
 
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code, waiting for it; subprocess.TimeoutExpired past `timeout`."""
+        if self.returncode is None:
+            try:
+                self._take_end(timeout)
+            except (BlockingIOError, TimeoutError):
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+        return self.returncode
 
-def _read_both(out_r: int, err_r: int, timeout: float) -> tuple[bytes, bytes]:
-    """Everything written to both pipes until each is closed by every writer; TimeoutError past `timeout`."""
-    chunks = {out_r: [], err_r: []}
-    open_fds = [out_r, err_r]
-    end = time.monotonic() + timeout
-    try:
-        while open_fds:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            for fd in select.select(open_fds, [], [], left)[0]:
-                data = os.read(fd, 1 << 16)
-                if data:
-                    chunks[fd].append(data)
-                else:
-                    open_fds.remove(fd)
-    finally:
-        os.close(out_r)
-        os.close(err_r)
-    return b"".join(chunks[out_r]), b"".join(chunks[err_r])
+    def send_signal(self, sig: int) -> None:
+        """Signal the child, unless it has ended."""
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the child, unless it has ended."""
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Read both streams to their end, then wait for the exit: (stdout, stderr); TimeoutExpired past `timeout`."""
+        end = None if timeout is None else time.monotonic() + timeout
+        texts: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda k=k, f=f: texts.__setitem__(k, f.read()), daemon=True)
+                   for k, f in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if end is None else max(0.0, end - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.stdout.close()
+        self.stderr.close()
+        self.wait(None if end is None else max(0.0, end - time.monotonic()))
+        return texts["out"], texts["err"]
 
 
 # --------------------------------------------------------------------------- server side

@@ -34,24 +34,39 @@ def examples(n: int) -> int:
     return max(10, n // 5) if _quick else n
 
 
+def _cli_zygote():
+    """The session's CLI zygote, started on first use."""
+    global _zygote
+    if _zygote is None:
+        from cli_zygote import CliZygote
+
+        _zygote = CliZygote()
+    return _zygote
+
+
 def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = None, timeout: float = 120,
             cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     """Run `python -m rlctl ARGS` as a user would, in a new process (forked from a warm interpreter, cli_zygote.py);
     assert the exit code when given."""
-    global _zygote
     full_env = {**os.environ, **(env or {})}
     if os.environ.get(FRESH_CLI_ENV) == "1":
         proc = subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True,
                               timeout=timeout, env=full_env, cwd=cwd)
     else:
-        if _zygote is None:
-            from cli_zygote import CliZygote
-
-            _zygote = CliZygote()
-        proc = _zygote.run(args, full_env, None if cwd is None else str(cwd), timeout)
+        proc = _cli_zygote().run(args, full_env, None if cwd is None else str(cwd), timeout)
     if expected_exit is not None:
         assert proc.returncode == expected_exit, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+def start_cli(args: list[str], env: dict | None = None, cwd: str | Path | None = None):
+    """Start `python -m rlctl ARGS` as run_cli does, without waiting: a subprocess.Popen (or its like) with text
+    stdout and stderr pipes."""
+    full_env = {**os.environ, **(env or {})}
+    if os.environ.get(FRESH_CLI_ENV) == "1":
+        return subprocess.Popen([sys.executable, "-m", "rlctl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=full_env, cwd=cwd)
+    return _cli_zygote().start(args, full_env, None if cwd is None else str(cwd))
 
 
 def missing_extra(extra: str, *modules: str) -> str | None:

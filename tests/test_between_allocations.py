@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import os
 import queue
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, start_cli
 from rlctl.run_logs import end_line_text, stamp
 from rlctl.rundir import RunDir
 
@@ -100,9 +98,7 @@ class Follower:
     """`rlctl logs RUN --follow --json` as a subprocess, its lines read as they come."""
 
     def __init__(self, run: RunDir, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", run.run_id, "-f", "--json", "--runs-dir",
-                                      str(run.path.parent)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **env})
+        self.proc = start_cli(["logs", run.run_id, "-f", "--json", "--runs-dir", str(run.path.parent)], env=env)
         self.lines: queue.Queue = queue.Queue()
         self.texts: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

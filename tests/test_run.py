@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import group_alive, marked_processes, only_run, pid_alive, read_state, run_cli, small_job, wait_for
+from conftest import (group_alive, marked_processes, only_run, pid_alive, read_state, run_cli, small_job, start_cli,
+                      wait_for)
 from rlctl import events
 
 
@@ -105,9 +106,7 @@ def test_detach_then_status_logs_follow_and_stop_from_other_invocations(tmp_path
     wait_for(lambda: read_state(run_dir).get("status") == "running", 60, what="running")
     wait_for(lambda: all(p["state"] == "running" for p in read_state(run_dir)["processes"]), 90,
              what="every process running")
-    follower = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "--follow", run_id],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **env})
+    follower = start_cli(["logs", "--follow", run_id], env=env)
     st = run_cli(["status"], env=env)
     assert run_id in st.stdout and "running" in st.stdout
     st = run_cli(["status", run_id, "--json"], env=env)
@@ -146,8 +145,7 @@ def test_logs_follow_prints_every_line_of_a_finished_run_as_logs_does_ending_wit
                        .replace("evaluator = true", "evaluator = false")
                        .replace("metrics_interval_s = 0.3", "metrics_interval_s = 0.2\nlog_interval_s = 0.5"))
         run_id = run_cli(["run", str(job), "--detach"], env=env, timeout=60).stdout.strip().splitlines()[0]
-        followers[run_id] = subprocess.Popen([sys.executable, "-m", "rlctl", "logs", "-f", run_id], text=True,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
+        followers[run_id] = start_cli(["logs", "-f", run_id], env=env)
     for run_id, follower in followers.items():
         followed, err = follower.communicate(timeout=120)
         assert follower.returncode == 0, err

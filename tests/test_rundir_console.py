@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import examples
+from conftest import examples, start_cli
 from rlctl import liveness, run_logs, rundir
 from rlctl.views import compare_view, console, log_view
 from rlctl.rundir import RunDir, RunNotFound
@@ -569,8 +569,7 @@ def test_commands_that_rewrite_a_run_take_its_lock_in_turn(tmp_path):
     with run.lock():
         resume = subprocess.run([sys.executable, "-m", "rlctl", "run", "--resume", run.run_id], capture_output=True,
                                 text=True, env=env, timeout=60)
-        stop = subprocess.Popen([sys.executable, "-m", "rlctl", "stop", run.run_id], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+        stop = start_cli(["stop", run.run_id], env=env)
         time.sleep(2.0)
         assert stop.poll() is None and run.read_state()["status"] == "running", "stop went ahead of the lock"
     out, err = stop.communicate(timeout=60)
