@@ -84,3 +84,25 @@ def test_children_outlive_the_server_and_a_dead_server_spawns_nothing(own_server
     while child.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert child.returncode == -1  # ended, with the code lost along with the server
+
+
+RANK = '''
+import gc, os
+if __name__ == "__main__":  # the agent imports the module; each rank runs it
+    print("rank", os.environ["RANK"], os.getpid(), gc.get_freeze_count(), flush=True)
+'''
+
+
+@pytest.mark.slow  # torchrun's start (4 s); every run of the quick tier starts its learner through it too
+def test_torchrun_forks_its_ranks_from_the_agent_with_the_imported_heap_frozen(tmp_path):
+    """rlctl.launch.torchrun: a module run with `--start-method fork` is imported by the agent once; each rank is a
+    fork of it whose full collections leave the agent's heap alone (frozen, as in the fork server)."""
+    (tmp_path / "fake_rank.py").write_text(RANK)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, "-m", "rlctl.launch.torchrun", "--standalone", "--nproc-per-node", "2",
+                          "--start-method", "fork", "-m", "fake_rank"], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    ranks = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("rank "))
+    assert [r[0] for r in ranks] == ["0", "1"], out.stdout
+    assert all(int(freeze) > 100_000 for _, _, freeze in ranks), ranks  # torch and the agent's imports

@@ -11,6 +11,7 @@ of torch the workers are spawned as by plain torchrun: on a GPU machine (an H200
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.module and args.start_method == "fork":
         module = importlib.import_module(args.training_script)
         args.module, args.run_path, args.training_script = False, True, module.__file__
+        gc.freeze()  # as the fork server does: a rank's full collections neither scan nor copy the imported heap
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     try:
