@@ -93,6 +93,32 @@ def test_a_missing_env_package_is_named_with_its_extra(tmp_path, monkeypatch):
                                                     "pip install -e '.[minatar]'")
 
 
+REGISTRY_CHILD = """
+import json
+import gymnasium
+from rlctl.job.env_ids import register_env_packages
+register_env_packages()
+ours = {k: [v.entry_point, v.kwargs] for k, v in gymnasium.registry.items() if k.startswith("MinAtar/")}
+for k in ours:
+    del gymnasium.registry[k]
+import minatar.gym
+minatar.gym.register_envs()
+theirs = {k: [v.entry_point, v.kwargs] for k, v in gymnasium.registry.items() if k.startswith("MinAtar/")}
+print(json.dumps([ours, theirs]))
+"""
+
+
+@pytest.mark.slow  # imports MinAtar's display packages (2.5 s)
+@MINATAR
+def test_the_minatar_ids_rlctl_registers_are_the_ones_minatar_registers():
+    """rlctl registers MinAtar's ids without importing the package: the same ids, entry points and kwargs as the
+    installed package's own register_envs()."""
+    out = subprocess.run([sys.executable, "-c", REGISTRY_CHILD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ours, theirs = json.loads(out.stdout.splitlines()[-1])
+    assert len(ours) == 10 and ours == theirs, (ours, theirs)
+
+
 MINATAR_ENV_CHILD = """
 import sys
 from rlctl.envs import make_vec_env
