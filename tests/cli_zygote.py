@@ -41,8 +41,7 @@ MAX_MESSAGE = 1 << 20
 # --------------------------------------------------------------------------- caller side (the test process)
 
 class CliZygote:
-    """The caller's end: start the server once, then run(args, env, cwd, timeout) like subprocess.run, or
-    start(args, env, cwd) like subprocess.Popen."""
+    """The caller's end: start the server once, then start(args, env, cwd) like subprocess.Popen."""
 
     def __init__(self):
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -71,16 +70,6 @@ class CliZygote:
         call.settimeout(60)
         pid = json.loads(call.recv(MAX_MESSAGE))["pid"]
         return ForkedCli(call, pid, out_r, err_r, [sys.executable, "-m", "rlctl", *args])
-
-    def run(self, args: list[str], env: dict, cwd: str | None, timeout: float) -> subprocess.CompletedProcess:
-        """Run `python -m rlctl ARGS` in a forked child; a subprocess.CompletedProcess with text output."""
-        proc = self.start(args, env, cwd)
-        try:
-            out, err = proc.communicate(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 class ForkedCli:

@@ -48,20 +48,21 @@ def run_cli(args: list[str], expected_exit: int | None = 0, env: dict | None = N
             cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     """Run `python -m rlctl ARGS` as a user would, in a new process (forked from a warm interpreter, cli_zygote.py);
     assert the exit code when given."""
-    full_env = {**os.environ, **(env or {})}
-    if os.environ.get(FRESH_CLI_ENV) == "1":
-        proc = subprocess.run([sys.executable, "-m", "rlctl", *args], capture_output=True, text=True,
-                              timeout=timeout, env=full_env, cwd=cwd)
-    else:
-        proc = _cli_zygote().run(args, full_env, None if cwd is None else str(cwd), timeout)
+    started = start_cli(args, env, cwd)
+    try:
+        out, err = started.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        started.kill()
+        raise
+    proc = subprocess.CompletedProcess(started.args, started.returncode, out, err)
     if expected_exit is not None:
         assert proc.returncode == expected_exit, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
 
 
 def start_cli(args: list[str], env: dict | None = None, cwd: str | Path | None = None):
-    """Start `python -m rlctl ARGS` as run_cli does, without waiting: a subprocess.Popen (or its like) with text
-    stdout and stderr pipes."""
+    """Start `python -m rlctl ARGS` as a user would, without waiting: a subprocess.Popen (or, forked from the warm
+    interpreter, its like: cli_zygote.ForkedCli) with text stdout and stderr pipes."""
     full_env = {**os.environ, **(env or {})}
     if os.environ.get(FRESH_CLI_ENV) == "1":
         return subprocess.Popen([sys.executable, "-m", "rlctl", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
