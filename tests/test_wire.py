@@ -305,13 +305,15 @@ def _rss_bytes() -> int:
 
 
 SENDER_CHILD = r'''
-import sys, time, zmq
+import os, sys, zmq
 from rlctl.net import wire
 keys = wire.CurveKeys.from_env()
 net = wire.SecureContext(keys)
-push = net.client(zmq.PUSH, sys.argv[1], linger=5000)
+push = net.client(zmq.PUSH, sys.argv[1], linger=0)
+dropped = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 push.send(b"\0" * (256 << 20))  # one 256 MB frame
-time.sleep(3)
+# The receiver drops the connection once it has read the frame's size; exit 0 when it has, 3 if it never does.
+os._exit(0 if dropped.poll(30_000) else 3)
 '''
 
 
@@ -325,12 +327,14 @@ def test_an_oversized_frame_is_refused_before_it_is_allocated(tmp_path):
     before = _rss_bytes()
     child = subprocess.Popen([sys.executable, "-c", SENDER_CHILD, ep], env={**os.environ, wire.KEYS_ENV: keys.to_env()})
     try:
-        got = pull.poll(4000)
+        code = child.wait(timeout=60)
+        got = pull.poll(100)
         grew = _rss_bytes() - before
     finally:
         child.kill()
         child.wait()
         net.close()
+    assert code == 0, "the receiver did not drop the sender's connection"
     assert not got
     assert grew < 64 << 20, grew
 
