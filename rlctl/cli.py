@@ -384,12 +384,17 @@ def _run_sweep(found, detach: bool) -> int:
 
 
 @app.command()
-def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt) -> None:
+def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optional[Path] = RunsDirOpt,
+           every: bool = typer.Option(False, "--all", help="One row per process, where a role of many processes is "
+                                                          "otherwise one row (its counts by state, rates as sum, min "
+                                                          "and median) and those of them not running.")) -> None:
     """All runs, or one run's processes and what to do next with it."""
     from rlctl.views.console import get_console, print_json, run_view, runs_json, runs_table
     from rlctl.rundir import list_runs, runs_root
 
     con = get_console()
+    if every and run is None:
+        raise _bad_input("rlctl status: --all lists one run's processes: name the run (rlctl status RUN --all)")
     if run is None:
         runs = list_runs(runs_root(runs_dir))
         if as_json:
@@ -418,7 +423,7 @@ def status(run: Optional[str] = RunArg, as_json: bool = JsonOpt, runs_dir: Optio
     from rlctl.views.next_steps import next_steps_text
 
     state = as_read(rd.read_state())
-    con.print(run_view(state, live=False))
+    con.print(run_view(state, live=False, every=every))
     con.print(next_steps_text(rd, state["status"]), markup=False)
 
 

@@ -240,10 +240,40 @@ def _process_row(proc: dict, now: float) -> list:
     ]
 
 
-def processes_table_rows(state: dict, now: float | None = None) -> tuple[list[str], list[list]]:
-    """Columns and rows for the processes of one run (robust to missing fields)."""
+def _role_row(s: "RoleSummary", now: float) -> list:
+    """The row of a folded role: counts by state, its ranks and hosts, the sum of its rates (their minimum and median
+    in the note, which gives way first), the oldest heartbeat."""
+    from rich.text import Text
+
+    figures = s.rate_figures()
+    rate = "-" if figures is None else f"{format_rate(figures[0])} {s.rate_unit}".strip()
+    spread = "" if figures is None else f"rates: min {format_rate(figures[1])}, median {format_rate(figures[2])}"
+    ranks = f"{s.ranks[0]}-{s.ranks[-1]}" if s.ranks else None
+    return [
+        f"{s.role} x{s.count}",
+        s.role,
+        ranks,
+        s.hosts[0] if len(s.hosts) == 1 else f"{len(s.hosts)} hosts",
+        None,
+        Text(", ".join(f"{n} {state}" for state, n in s.states),
+             style=STATUS_STYLES.get(RunStatus.RUNNING, "") if s.all_running else "yellow"),
+        s.restarts,
+        rate,
+        f"oldest {format_duration(now - s.oldest_heartbeat)} ago" if s.oldest_heartbeat is not None else "-",
+        spread,
+    ]
+
+
+def processes_table_rows(state: dict, now: float | None = None, every: bool = False) -> tuple[list[str], list[list]]:
+    """Columns and rows for the processes of one run (robust to missing fields): a role of many processes as one row
+    and its processes that are not running (views/role_fold.py), or with `every` one row per process."""
+    from rlctl.views.role_fold import RoleSummary, fold_roles
+
     now = time.time() if now is None else now
-    return list(PROCESS_COLUMNS), [_process_row(p, now) for p in _processes(state)]
+    procs = _processes(state)
+    items = procs if every else fold_roles(procs)
+    return list(PROCESS_COLUMNS), [_role_row(i, now) if isinstance(i, RoleSummary) else _process_row(i, now)
+                                   for i in items]
 
 
 def _processes(state: dict) -> list[dict]:
@@ -251,13 +281,14 @@ def _processes(state: dict) -> list[dict]:
     return [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
 
 
-def processes_table(state: dict, width: int | None, now: float | None = None) -> "TextTable":
+def processes_table(state: dict, width: int | None, now: float | None = None, every: bool = False) -> "TextTable":
     """The processes table, fitted to `width`: the note column only when a process has a note; then pid, host (when
-    every process is local), heartbeat age, rank and role give way, in that order, until it fits."""
-    columns, rows = processes_table_rows(state, now)
+    every process is local), heartbeat age, rank and role give way, in that order, until it fits. A role of many
+    processes is one row unless `every`."""
+    columns, rows = processes_table_rows(state, now, every)
     procs = _processes(state)
     drop = ["pid", *(["host"] if not any(p.get("remote") for p in procs) else []), "heartbeat", "rank", "role"]
-    if not any(p.get("note") for p in procs):
+    if not any(row[-1] for row in rows):
         columns, rows = columns[:-1], [r[:-1] for r in rows]
     return build_table(None, columns, rows, width, drop)
 
@@ -466,16 +497,16 @@ def _bar(fraction: float | None, width: int) -> "Text":
     return bar
 
 
-def run_view(state: dict, now: float | None = None, live: bool = True) -> "RenderableType":
+def run_view(state: dict, now: float | None = None, live: bool = True, every: bool = False) -> "RenderableType":
     """Header, stop progress and the tables of one run, laid out for the width it is rendered at (the live display
     and `rlctl status RUN`). The live display leaves out the exit reason and the failed process's last lines: the
-    attached `rlctl run` prints them once, after the display ends."""
-    return _RunView(state, now, live)
+    attached `rlctl run` prints them once, after the display ends. `every`: one row per process of a large role."""
+    return _RunView(state, now, live, every)
 
 
 class _RunView:
-    def __init__(self, state: dict, now: float | None, live: bool):
-        self.state, self.now, self.live = (state if isinstance(state, dict) else {}), now, live
+    def __init__(self, state: dict, now: float | None, live: bool, every: bool = False):
+        self.state, self.now, self.live, self.every = (state if isinstance(state, dict) else {}), now, live, every
 
     def __rich_console__(self, console, options):
         from rich.console import Group
@@ -489,7 +520,7 @@ class _RunView:
         lines += progress_lines(state, inner, self.now)
         header = Group(*lines)
         yield Panel(header, border_style=STATUS_STYLES.get(status, ""), expand=True) if self.live else header
-        yield processes_table(state, width, self.now)
+        yield processes_table(state, width, self.now, self.every)
         hosts = hosts_table_rows(state)
         if hosts is not None:
             yield build_table(None, *hosts, width=width)
