@@ -76,6 +76,10 @@ INFERENCE_SESSIONS = "inference/sessions"  # collector sessions held (one per co
 INFERENCE_SESSIONS_BEGUN = "inference/sessions_begun"
 INFERENCE_WEIGHT_VERSION = "inference/weight_version"
 
+# A host's weights relay (rlctl.roles.relay).
+RELAY_VERSIONS_PER_S = "relay/versions_per_s"  # new versions taken from learner rank 0 and handed on
+RELAY_WEIGHT_VERSION = "relay/weight_version"
+
 # Evaluator.
 EVAL_RETURN_MEAN = "eval/return_mean"
 EVAL_RETURN_MIN = "eval/return_min"

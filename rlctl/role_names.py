@@ -12,6 +12,7 @@ class Role:
     REPLAY_SHARD = "replay"  # the replay data path's shard process (rlctl.datapaths.replay)
     EVALUATOR = "evaluator"
     INFERENCE = "inference"  # a central-inference server (SEED-RL style)
+    RELAY = "relay"  # a host's weights relay: one copy of each version from learner rank 0 for the host's processes
 
 
 ROLES = frozenset(v for k, v in vars(Role).items() if k.isupper())

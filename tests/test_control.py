@@ -105,3 +105,14 @@ def test_a_running_supervisor_drops_and_counts_malformed_control_messages(tmp_pa
                      and read_state(run_dir), 60, what="the run to end")
     assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "wall_s", state["exit_reason"]
     assert only_run(runs) == run_dir
+
+
+def test_every_role_may_say_hello_and_send_heartbeats():
+    """A process of any role (rlctl.role_names.ROLES) is heard: the parser once spelled the roles out itself, and a
+    new role's hellos were refused."""
+    from rlctl.role_names import ROLES
+
+    for role in sorted(ROLES):
+        for kind in ("hello", "heartbeat"):
+            msg = parse_control(kind, f"{role}-3", {"pid": 5, "rank": 3, "metrics": {"x": 1.0}})
+            assert (msg.kind, msg.role, msg.rank) == (kind, role, 3)

@@ -61,7 +61,7 @@ def test_a_lost_hosts_collectors_and_evaluator_go_to_the_least_loaded_hosts_left
     spec = spec_of(tmp_path)
     procs = make_plan(spec, "v-1", str(tmp_path / "run"), 42000).processes
     on = {p.name: p.host for p in procs}
-    assert [n for n, h in on.items() if h == "h3"] == ["evaluator-0", "collector-2", "collector-3"]
+    assert [n for n, h in on.items() if h == "h3"] == ["evaluator-0", "relay-1", "collector-2", "collector-3"]
     # h4 runs 1, h2 2: h4 takes the first, then the two tie and the first host in the job's order takes the next.
     assert re_placement(spec.hosts, procs, {"h3"}) == {"evaluator-0": "h4", "collector-2": "h2", "collector-3": "h4"}
     assert re_placement(spec.hosts, procs, set()) == {}
@@ -138,6 +138,11 @@ def test_a_silent_ssh_host_is_lost_its_processes_move_after_the_session_timeout_
     assert all(h.life.note.startswith("host h3 lost at ") and h.life.note.endswith(f"moved to {h.spec.host}")
                for h in gone)
     assert sorted(restarted) == ["collector-2", "collector-3", "evaluator-0"]
+    # h3's weights relay goes with its host (the processes moved take weights from rank 0); h2's serves on.
+    relay = table.by_name["relay-1"]
+    assert relay.spec.host == "h3" and relay.life.state is ProcState.LOST and relay.life.start_at is None
+    assert table.by_name["relay-0"].life.state is ProcState.RUNNING
+    assert not any("RLCTL_WEIGHTS_VIA" in h.spec.env or "RLCTL_WEIGHT_BOARD" in h.spec.env for h in gone)
     hear(table, 111.0, but="h3")
     assert table.lost_nodes == {"h3"} and table.check_hosts(111.0) == []  # lost once
     assert table.due(start_at - 0.1) == [] and table.due(start_at) == gone

@@ -25,6 +25,7 @@ from rlctl.launch.plan import (
     core_ranges,
     default_base_port,
     make_plan,
+    moved,
     pinned_cores,
     placement,
     ports_needed,
@@ -322,6 +323,7 @@ def test_remote_plan_processes(remote_spec):
     hosts = {x.name: x.host for x in p.processes}
     assert hosts == {
         "replay-0": "head", "replay-1": "head", "learner-0": "head", "evaluator-0": "head",
+        "relay-0": "gpu-box", "relay-1": "cpu-box",
         "collector-0": "gpu-box", "collector-1": "gpu-box", "collector-2": "gpu-box",
         "collector-3": "cpu-box", "collector-4": "cpu-box",
     }
@@ -330,6 +332,39 @@ def test_remote_plan_processes(remote_spec):
     rows = {h["name"]: h for h in p.hosts}
     assert rows["head"]["local"] is True and rows["gpu-box"]["local"] is False
     assert rows["gpu-box"]["destination"] == "10.0.0.5" and rows["cpu-box"]["destination"] == "cpu-box"
+
+
+def test_every_other_host_with_two_weight_takers_gets_a_relay_and_its_processes_subscribe_there(remote_spec):
+    p = make_plan(remote_spec, RUN_ID, RUN_DIR, 42000, python=PY, keys_env=SECRET, board_token="t0k")
+    procs = by_name(p)
+    relays = {x.host: x for x in p.processes if x.role == "relay"}
+    assert [(x.name, x.host) for x in relays.values()] == [("relay-0", "gpu-box"), ("relay-1", "cpu-box")]
+    for host, relay in relays.items():
+        board, via = relay.env["RLCTL_WEIGHT_BOARD"], relay.binds["weights"]
+        assert via == f"ipc:///tmp/rlctl-t0k/relay-{relay.rank}.sock" and board.startswith("/dev/shm/")
+        assert relay.command[-1] == "rlctl.roles.relay" and "RLCTL_WEIGHTS_VIA" not in relay.env
+        takers = [x for x in p.processes if x.host == host and x.role == "collector"]
+        assert takers and all(x.env["RLCTL_WEIGHT_BOARD"] == board and x.env["RLCTL_WEIGHTS_VIA"] == via
+                              for x in takers)
+    # Two hosts, two boards and sockets (test hosts share one machine's /dev/shm and /tmp); none is the head's.
+    assert len({r.env["RLCTL_WEIGHT_BOARD"] for r in relays.values()} | {procs["evaluator-0"].env["RLCTL_WEIGHT_BOARD"]}) == 3
+    assert not any("RLCTL_WEIGHTS_VIA" in x.env for x in p.processes if x.host == "head")
+    assert p.ports() == sorted(p.ports()) and all(isinstance(port, int) for port in p.ports())
+    # A collector moved off its host (the host was lost) takes weights from learner rank 0 again.
+    target = next(h for h in remote_spec.hosts if h.name == "cpu-box")
+    gone = moved(procs["collector-0"], target, "cpu-box")
+    assert "RLCTL_WEIGHTS_VIA" not in gone.env and "RLCTL_WEIGHT_BOARD" not in gone.env
+
+
+def test_a_host_with_one_weight_taker_or_only_central_collectors_gets_no_relay(remote_spec):
+    one = remote_spec.model_copy(update={"hosts": [h.model_copy(update={"collectors": min(h.collectors, 1)})
+                                                   for h in remote_spec.hosts]})
+    assert not any(x.role == "relay" for x in plan_of(one).processes)
+    # Central inference: collectors ask the servers (on the learner host) and take no weights themselves.
+    data = tomllib.loads(REMOTE_JOB)
+    data["topology"]["inference"] = "central"
+    central = validate_job(data, "central.toml")
+    assert not any(x.role == "relay" for x in plan_of(central).processes)
 
 
 def test_remote_binds_not_loopback(remote_spec):
@@ -513,9 +548,12 @@ def test_plan_at_80_columns_splits_no_word_across_lines(tmp_path):
         assert max(map(len, lines)) <= 80, text
         # Every word of a line is a word of the unwrapped plan: none was cut in two.
         assert all(w in words for line in lines for w in line.split() if w.strip("─")), text
-        for x in p.processes:  # each process's port numbers are in the table, whole
+        for x in p.processes:  # each process's port numbers (a relay's socket path) are in the table, whole
             for address in x.binds.values():
-                assert re.search(rf"\b{address.rpartition(':')[2]}\b", text)
+                if address.startswith("ipc://"):
+                    assert f"weights:{address[len('ipc://'):]}" in text.split(), text
+                else:
+                    assert re.search(rf"\b{address.rpartition(':')[2]}\b", text)
         assert "binds 127.0.0.1," in text or "binds 0.0.0.0," in text
         assert "ssh -o" not in text  # full commands only with --verbose
 
@@ -573,11 +611,11 @@ def test_weight_board_for_subscribers_on_the_learner_host_only(remote_spec):
     assert {n for n, x in local.items() if x.env.get("RLCTL_WEIGHT_BOARD") == board} == {
         n for n in local if not n.startswith("replay")}  # learner, evaluator and collectors; shards take no weights
     multi = by_name(plan_of(remote_spec))
-    # The head holds learner rank 0 and the evaluator; collectors elsewhere get weights over the network.
-    assert {n for n, x in multi.items() if "RLCTL_WEIGHT_BOARD" in x.env} == {"learner-0", "evaluator-0"}
+    # The head holds learner rank 0 and the evaluator; collectors elsewhere get weights through their host's relay.
+    assert {n for n, x in multi.items() if x.env.get("RLCTL_WEIGHT_BOARD") == board} == {"learner-0", "evaluator-0"}
     no_local_subscriber = remote_spec.model_copy(update={"hosts": [
         h.model_copy(update={"evaluator": False}) for h in remote_spec.hosts]})
-    assert not any("RLCTL_WEIGHT_BOARD" in x.env for x in plan_of(no_local_subscriber).processes)
+    assert not any(x.env.get("RLCTL_WEIGHT_BOARD") == board for x in plan_of(no_local_subscriber).processes)
 
 
 def test_asynchronous_rollout_batches_keep_their_size_and_a_lag_past_the_bound_is_warned():
@@ -717,7 +755,7 @@ def test_the_multi_host_example_places_learner_and_collectors_on_their_hosts():
     assert "hosts: learner (ssh gpu-01.cluster.example), cpu-a (ssh rl@cpu-01.cluster.example), cpu-b (ssh " in out.stdout
     p = plan_of(load_job(REPO / "jobs" / "apex-hosts.toml"))
     assert {x.name: x.host for x in p.processes if x.role != "collector"} == {
-        "replay-0": "learner", "learner-0": "learner", "evaluator-0": "learner"}
+        "replay-0": "learner", "learner-0": "learner", "evaluator-0": "learner", "relay-0": "cpu-a", "relay-1": "cpu-b"}
     assert [x.host for x in p.processes if x.role == "collector"] == ["cpu-a"] * 4 + ["cpu-b"] * 4
     assert all(x.remote for x in p.processes)
     assert rlctl("validate", str(REPO / "jobs" / "apex-hosts.toml")).returncode == 0

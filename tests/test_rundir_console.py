@@ -254,7 +254,7 @@ def test_logs_json_gives_one_object_per_line_and_a_role_typo_names_the_known_rol
     typo = run_cli(["logs", run.run_id, "--role", "colector"], expected_exit=2, env=env)
     assert typo.stdout == ""
     assert typo.stderr.strip() == ("rlctl logs: no role 'colector'; known roles: collector, evaluator, inference, "
-                                   "learner, replay, supervisor")
+                                   "learner, relay, replay, supervisor")
 
 
 def test_metrics_line_is_compact_and_says_the_returns_of_the_episodes_since_the_last_one():

@@ -23,7 +23,7 @@ from rlctl.net import wire
 from rlctl.launch.hosts import pull_directory
 from rlctl.launch.remote import remote_checkpoint_dir
 from rlctl.job.load import load_job
-from conftest import command_lines, only_run, read_state, run_cli, wait_for
+from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
 from hostlab import HostLab
 
@@ -461,7 +461,9 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
         assert row["note"].startswith("lost at ") and "collector-1, collector-2 re-placed on h2" in row["note"], row
         assert all(p["note"].startswith("host h3 lost at ") for p in state["processes"] if p["name"] in moving)
         status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
-        lost_row = r"h3\s+ssh\s+lost\s+0/0 .*lost at \S+; collector-1, collector-2 re-placed on h2"
+        # h3's weights relay is lost with it, not moved: its row counts it, running nowhere.
+        lost_row = r"h3\s+ssh\s+lost\s+0/1 .*lost at \S+; collector-1, collector-2 re-placed on h2"
+        assert next(p for p in state["processes"] if p["name"] == "relay-0")["state"] == "lost"
         assert re.search(lost_row, status), status
     finally:
         subprocess.run(["ip", "-n", h3.netns, "link", "set", "eth0", "up"], check=True)
@@ -485,6 +487,58 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
     assert {p["name"]: p["host"] for p in state["processes"] if p["role"] == "collector"} == {
         "collector-0": "h2", "collector-1": "h2", "collector-2": "h2"}
     wait_for(lambda: run_processes_anywhere(run_id) == [], 30, what="nothing of the run left")
+
+
+def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_and_survives_a_killed_relay(lab,
+                                                                                                         tmp_path):
+    """jobs/apex-hosts.toml on lab hosts with 8 collectors on each of two hosts: each host's relay takes every version
+    of the weights once from learner rank 0 and its collectors read it from the relay's board. A relay SIGKILLed
+    mid-run is started again while its collectors go on, and the run reaches its target."""
+    text = (REPO / "jobs" / "apex-hosts.toml").read_text().split("\n[[hosts]]")[0]
+    text = re.sub(r"(?m)^base_port = .*\n", "", re.sub(r"(?m)^wall_s = .*$", f"wall_s = {CAP_S}", text))
+    # A quarter of its learning rate: it solved 20 s after its learner's start here, before a relay killed once
+    # it hands on versions could be back (starting 21 processes on 2 cores took 40 s).
+    text = re.sub(r"(?m)^lr = .*$", "lr = 5e-4", text)
+    for i, counts in {0: {"learner": True, "replay_shards": 1, "evaluator": True}, 1: {"collectors": 8},
+                      2: {"collectors": 8}}.items():
+        (tmp_path / f"host{i + 1}").mkdir()
+        text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(tmp_path / f"host{i + 1}"), **counts)
+    job = tmp_path / "apex-hosts.toml"
+    job.write_text(text)
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir = runs / run_id
+
+    def row(name: str) -> dict:
+        return next((p for p in read_state(run_dir).get("processes", []) if p["name"] == name), {})
+    # Each relay hands on versions: the collectors on its host act on them.
+    wait_for(lambda: all(row(n).get("rate") for n in ("relay-0", "relay-1")), 120, what="both relays handing on versions")
+    plan = json.loads((run_dir / "plan.json").read_text())
+    relays = {p["name"]: p for p in plan["processes"] if p["role"] == "relay"}
+    assert {n: p["host"] for n, p in relays.items()} == {"relay-0": "h2", "relay-1": "h3"}
+    said = {}  # collector -> what its start line must say: it reads its host's relay's board
+    for p in plan["processes"]:
+        if p["role"] == "collector":
+            relay = relays["relay-0" if p["host"] == "h2" else "relay-1"]
+            assert p["env"]["RLCTL_WEIGHTS_VIA"] == relay["binds"]["weights"]
+            said[p["name"]] = f"weights from shared memory {relay['env']['RLCTL_WEIGHT_BOARD']}"
+    wait_for(lambda: all(text in (run_dir / "logs" / f"{name}.log").read_text() for name, text in said.items()), 60,
+             what="every collector's start line")
+    killed = _role_pid(run_id, "relay", 0)
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: row("relay-0").get("restarts") == 1 and row("relay-0")["state"] == "running", 60,
+             what="relay-0 started again")
+    assert read_state(run_dir)["status"] == "running"  # mid-run
+    # The new relay hands versions on to h2's collectors (its rate comes from versions it took after its start).
+    wait_for(lambda: row("relay-0").get("rate"), 60, what="relay-0 handing on versions again")
+    wait_for(lambda: read_state(run_dir)["status"] in ("finished", "failed"), CAP_S, interval=1.0,
+             what="the run to end")
+    state = read_state(run_dir)
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "eval_return", state["exit_reason"]
+    assert all(p["restarts"] == 0 for p in state["processes"] if p["role"] == "collector")
+    assert row("relay-0")["restarts"] == 1 and row("relay-1")["restarts"] == 0
+    assert _role_pid(run_id, "relay", 0) is None and run_processes_anywhere(run_id) == []
 
 
 def test_stop_after_the_supervisor_died_ends_remote_processes_and_fetches_their_checkpoint(lab, tmp_path):

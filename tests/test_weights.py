@@ -72,7 +72,7 @@ def test_local_subscribers_read_the_board_and_remote_ones_the_network(tmp_path, 
         assert parameter_digest(local.model) == parameter_digest(remote.model) == parameter_digest(learner)
     assert pub.wanted(FULL) and pub.wanted(NOTICE)
     pub.publish(3, learner)  # a re-publication rewrites nothing and changes nothing
-    assert pub.written == 3 and not local.poll()
+    assert pub.written == (pub.generation, 3) and not local.poll()
     seen = []
     while spy.poll(200):
         _, msg = wire.recv(spy)
@@ -175,6 +175,53 @@ def test_a_restarted_learner_s_older_version_reaches_every_subscriber(tmp_path, 
     assert (local.serial, remote.serial) == (serials[0] + 1, serials[1] + 1)
     again.close()
     second.close()
+
+
+def test_a_relay_hands_each_version_to_its_host_s_processes_and_a_restarted_relay_reuses_its_board(tmp_path,
+                                                                                                   weights_net):
+    """A host's relay (rlctl.roles.relay) takes rank 0's vector and hands it on, the learner's generation kept, to a
+    board reader and to a subscriber of its socket. Killed, it leaves its board; its successor writes the same file,
+    and the processes, which kept their weights meanwhile, take the next version from it."""
+    import os
+
+    from rlctl.roles.relay import WeightRelay
+
+    net, endpoint = weights_net
+    local_ep, board = f"ipc://{tmp_path}/relay.sock", str(tmp_path / "relay-board")
+    torch.manual_seed(0)
+    learner = QNetwork((4,), 2, (8,))
+    pub = WeightPublisher(net, endpoint, "learner-0", None, generation=7)
+    on_board = WeightSubscriber(net, local_ep, QNetwork((4,), 2, (8,)), board)
+    by_socket = WeightSubscriber(net, local_ep, QNetwork((4,), 2, (8,)))
+
+    def deliver(relay: WeightRelay, version: int) -> None:
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(0.1)
+
+        def arrived() -> bool:
+            pub.publish(version, learner)  # again and again, as the learner re-publishes: a late joiner gets it
+            relay.step(1)
+            on_board.poll()
+            by_socket.poll()
+            return on_board.stamp == by_socket.stamp == (7, version)
+        wait_for(arrived, 10, interval=0.001, what=f"version {version} through the relay")
+        assert parameter_digest(on_board.model) == parameter_digest(by_socket.model) == parameter_digest(learner)
+
+    first = wire.SecureContext(net.keys)  # the relay's process
+    relay = WeightRelay(first, endpoint, local_ep, "relay-0", board, QNetwork((4,), 2, (8,)))
+    for version in (1, 2):
+        deliver(relay, version)
+    assert relay.relayed == 2 and relay.upstream.dropped == 0
+    inode = os.stat(board).st_ino
+    first.close()  # killed: its board stays
+    second = wire.SecureContext(net.keys)
+    again = WeightRelay(second, endpoint, local_ep, "relay-0", board, QNetwork((4,), 2, (8,)))
+    deliver(again, 3)
+    assert os.stat(board).st_ino == inode and on_board.dropped == by_socket.dropped == 0
+    again.close()
+    second.close()
+    assert not os.path.exists(board)  # a clean stop removes it
 
 
 def test_a_symlink_planted_at_the_board_s_name_is_refused_and_its_target_untouched(tmp_path):

@@ -45,6 +45,18 @@ def control_socket(run_id: str, name: str, token: str = "") -> str:
     return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}-{ATTEMPT}.sock"
 
 
+# Set for the processes of a host that has a weights relay: where they subscribe instead of learner rank 0.
+WEIGHTS_VIA_ENV = "RLCTL_WEIGHTS_VIA"
+
+
+def relay_socket(run_id: str, rank: int, token: str = "") -> str:
+    """The Unix socket weights relay `rank` binds for its host's processes (rlctl.roles.relay): in the run's private
+    folder, named by the relay (test hosts share one /tmp)."""
+    if token:
+        return f"{private_dir(token)}/relay-{rank}.sock"
+    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-relay-{rank}.sock"
+
+
 class LocalLauncher:
     """Processes on the launching machine: the argv as is, environment passed by the OS."""
 

@@ -14,7 +14,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.datapaths import DATA_PATHS
-from rlctl.launch.hosts import SECRET_ENV, control_socket, launcher_for
+from rlctl.launch.hosts import SECRET_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for, relay_socket
 from rlctl.launch.port_claims import port_claims
 from rlctl.launch.ports import PortLayout
 from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
@@ -28,6 +28,7 @@ ROLE_MODULES = {
     Role.COLLECTOR: "rlctl.roles.collector",
     Role.EVALUATOR: "rlctl.roles.evaluator",
     Role.INFERENCE: "rlctl.roles.inference",
+    Role.RELAY: "rlctl.roles.relay",
 }
 # With central inference collectors run this module instead: it steps envs only and imports no torch.
 CENTRAL_COLLECTOR_MODULE = "rlctl.roles.central_collector"
@@ -89,7 +90,12 @@ class LaunchPlan:
 
     def ports(self) -> list[int]:
         """Every port the job binds."""
-        return sorted({int(ep.rsplit(":", 1)[1]) for p in self.processes for ep in p.binds.values()})
+        return sorted({port for p in self.processes for ep in p.binds.values() if (port := tcp_port(ep)) is not None})
+
+
+def tcp_port(endpoint: str) -> int | None:
+    """The port of a bound endpoint ("tcp://host:port", "host:port"); None for a Unix socket ("ipc://path")."""
+    return None if endpoint.startswith("ipc://") else int(endpoint.rsplit(":", 1)[1])
 
 
 def ports_needed(spec: JobSpec) -> int:
@@ -202,10 +208,11 @@ class ProcessBuilder:
 
     def __init__(self, spec: JobSpec, hosts: list[HostSpec], run_id: str, net: Addressing, base_env: dict[str, str],
                  control: str, control_port: int, board: str | None, subscribers: set[str], python: str | None,
-                 board_token: str):
+                 board_token: str, relays: dict[str, tuple[str, str]]):
         self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
         self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
         self.python, self.board_token = python, board_token
+        self.relays = relays  # host name -> (its relay's board, its relay's endpoint)
         self.learner_nodes = [h for h in hosts if h.learner]
         self.head = self.learner_nodes[0]
         self.processes: list[ProcessSpec] = []
@@ -223,6 +230,10 @@ class ProcessBuilder:
             env["RLCTL_LEARNER_CORES"] = f"{node_procs[node]}:{self.learner_threads(h, node_procs[node])}"
         if self.board and h is self.head and (role == Role.LEARNER or role in self.subscribers):
             env["RLCTL_WEIGHT_BOARD"] = self.board
+        elif h.name in self.relays and (role == Role.RELAY or role in self.subscribers):
+            env["RLCTL_WEIGHT_BOARD"], via = self.relays[h.name]
+            if role != Role.RELAY:
+                env[WEIGHTS_VIA_ENV] = via
         # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
         # otherwise listen on whatever the host name resolves to).
         env["RLCTL_ADVERTISE"] = self.net.addr(h)
@@ -306,8 +317,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
     subscribers = {Role.EVALUATOR, Role.INFERENCE} if servers else {Role.EVALUATOR, Role.COLLECTOR}
     board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
+    # Every other host with more than one subscriber takes each version once, through a relay of its own.
+    relay_hosts = [h for h in hosts if h is not head and weight_subscribers(h, servers) > 1]
+    relays = {h.name: (weight_board_file(run_id, run_dir, board_token, k), f"ipc://{relay_socket(run_id, k, board_token)}")
+              for k, h in enumerate(relay_hosts)}
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
-                           board_token)
+                           board_token, relays)
     for p in data.processes:
         build.add(p.role, p.rank, p.host, p.module, p.binds)
     build.add_learners(ports, str(endpoints["rendezvous"]), data.rank_binds)
@@ -315,11 +330,19 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         build.add(Role.EVALUATOR, rank, h, ROLE_MODULES[Role.EVALUATOR], {})
     for rank, (h, p) in enumerate(zip(servers, ports.inference)):
         build.add(Role.INFERENCE, rank, h, ROLE_MODULES[Role.INFERENCE], {Role.INFERENCE: f"tcp://{net.bind(h)}:{p}"})
+    for rank, h in enumerate(relay_hosts):
+        build.add(Role.RELAY, rank, h, ROLE_MODULES[Role.RELAY], {"weights": relays[h.name][1]})
     collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES[Role.COLLECTOR]
     for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
         build.add(Role.COLLECTOR, rank, h, collector_module, {})
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
                       base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
+
+
+def weight_subscribers(h: HostSpec, servers: list[HostSpec]) -> int:
+    """The processes on `h` that take the policy's weights: its evaluator, and its collectors, or with central
+    inference (`servers`: an entry per server) its inference servers in their stead."""
+    return int(h.evaluator) + (sum(s is h for s in servers) if servers else h.collectors)
 
 
 def host_rows(hosts: list[HostSpec], net: Addressing) -> list[dict]:
@@ -333,14 +356,14 @@ def host_rows(hosts: list[HostSpec], net: Addressing) -> list[dict]:
 def re_placement(hosts: list[HostSpec], processes: list[ProcessSpec], lost: set[str]) -> dict[str, str]:
     """Where the collectors and evaluator on `lost` hosts (a Slurm node that left the job, an SSH host that stopped
     answering) start again, as process name -> host name. Pure. Each, in plan order, goes to the remote host left
-    that runs the fewest of `processes` (the ones that run on), hosts without a learner first, counting those placed
-    before it; a process with no host left is not in the result, nor is any other role (a learner, a replay shard:
-    their ports and data are their host's)."""
+    that runs the fewest of `processes` (the ones that run on; weights relays not counted), hosts without a learner
+    first, counting those placed before it; a process with no host left is not in the result, nor is any other role
+    (a learner, a replay shard: their ports and data are their host's; a weights relay goes with its host)."""
     # Remote hosts only: a moved process keeps its remote form (its job file and checkpoints under the host's workdir).
     left = [h for h in hosts if not h.is_local and h.name not in lost]
     load = {h.name: 0 for h in left}
     for p in processes:
-        if p.host in load:
+        if p.host in load and p.role != Role.RELAY:  # a relay (a host's own, mostly idle) takes no place
             load[p.host] += 1
     out: dict[str, str] = {}
     for p in processes:
@@ -353,9 +376,9 @@ def re_placement(hosts: list[HostSpec], processes: list[ProcessSpec], lost: set[
 
 def moved(proc: ProcessSpec, host: HostSpec, address: str, control_port: int = 0) -> ProcessSpec:
     """A collector or evaluator of a lost host, placed on another host (reached at `address`): the same process and
-    keys, weights over the network (the head's shared-memory board is for its own host); `control_port`: the
-    supervisor's, which an SSH session forwards (a Slurm step connects to it)."""
-    env = {k: v for k, v in proc.env.items() if k != "RLCTL_WEIGHT_BOARD"}
+    keys, weights over the network from learner rank 0 (a host's board and relay are for the processes placed there);
+    `control_port`: the supervisor's, which an SSH session forwards (a Slurm step connects to it)."""
+    env = {k: v for k, v in proc.env.items() if k not in ("RLCTL_WEIGHT_BOARD", WEIGHTS_VIA_ENV)}
     env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
     argv = launcher_for(host).argv(host, list(proc.command), env, control_port, frozenset(proc.secret_keys))
     return dataclasses.replace(proc, host=host.name, argv=argv, env=env)

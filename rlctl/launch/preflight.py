@@ -11,7 +11,7 @@ import subprocess
 
 import rlctl
 from rlctl.launch.hosts import last_json_line, on_hosts, private_dir, ssh_failure
-from rlctl.launch.plan import LaunchPlan, placement
+from rlctl.launch.plan import LaunchPlan, placement, tcp_port
 from rlctl.job.spec import HostSpec, JobSpec
 from rlctl.role_names import Role
 
@@ -21,7 +21,8 @@ TORCH_ROLES = frozenset({Role.LEARNER, Role.COLLECTOR, Role.EVALUATOR, Role.INFE
 
 def host_ports(plan: LaunchPlan, host: str) -> list[int]:
     """Ports the plan binds on one host."""
-    return sorted({int(ep.rsplit(":", 1)[1]) for p in plan.processes if p.host == host for ep in p.binds.values()})
+    return sorted({port for p in plan.processes if p.host == host for ep in p.binds.values()
+                   if (port := tcp_port(ep)) is not None})
 
 
 def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) -> str | None:

@@ -53,13 +53,15 @@ def remote_checkpoint_dir(run_id: str) -> str:
     return f"{remote_run_dir(run_id)}/checkpoints"
 
 
-def weight_board_file(run_id: str, run_dir: str, token: str = "") -> str:
-    """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.net.weights).
+def weight_board_file(run_id: str, run_dir: str, token: str = "", relay: int | None = None) -> str:
+    """The shared-memory file through which learner rank 0 hands weights to subscribers on its host (rlctl.net.weights),
+    or the one weights relay `relay` writes for the processes on its host (rlctl.roles.relay).
 
     Named by a random token `rlctl run` draws (no one can plant a file at a name they cannot guess); without one,
     by the run's directory (run ids are unique within one runs directory only).
     """
-    return f"{WEIGHT_BOARD_DIR}/rlctl-{run_id}-{token or format(zlib.crc32(run_dir.encode()), '08x')}-weights"
+    mark = token or format(zlib.crc32(run_dir.encode()), '08x')
+    return f"{WEIGHT_BOARD_DIR}/rlctl-{run_id}-{mark}{'' if relay is None else f'-relay{relay}'}-weights"
 
 
 def remove_weight_boards(run_id: str) -> None:

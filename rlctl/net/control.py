@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass, field
 
 from rlctl import metric_names as M
-from rlctl.role_names import Role
+from rlctl.role_names import ROLES, Role
 
 KINDS = frozenset({"hello", "heartbeat"})
 # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
-SENDER = re.compile(r"(collector|evaluator|replay|learner|inference)-([0-9]{1,6})")
+SENDER = re.compile(rf"({'|'.join(sorted(ROLES))})-([0-9]{{1,6}})")  # every role of role_names, and only those
 MAX_METRICS = 256
 MAX_KEY_CHARS = 128
 MAX_TEXT_CHARS = 256

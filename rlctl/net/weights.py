@@ -100,16 +100,19 @@ class WeightBoard:
         return cls(path, size, writable=False)
 
     def write(self, slot: int, version: int, params, generation: int = 0) -> None:
-        """Store parameters (tensors, in flat_parameters order) as `version` of `generation` in `slot`, copied
-        straight in; readers of that slot see -1 until it is complete."""
+        """Store parameters (tensors, in flat_parameters order, or one flat float32 vector) as `version` of
+        `generation` in `slot`, copied straight in; readers of that slot see -1 until it is complete."""
         header, payload = self.headers[slot], self.payloads[slot]
         header[0] = -1
-        offset = 0
-        with torch.no_grad():
-            for p in params:
-                n = p.numel()
-                payload[offset:offset + n] = p.detach().reshape(-1).to("cpu", torch.float32).numpy()
-                offset += n
+        if isinstance(params, np.ndarray):
+            np.copyto(payload, params)
+        else:
+            offset = 0
+            with torch.no_grad():
+                for p in params:
+                    n = p.numel()
+                    payload[offset:offset + n] = p.detach().reshape(-1).to("cpu", torch.float32).numpy()
+                    offset += n
         header[2] = generation
         header[0] = version
 
@@ -144,7 +147,7 @@ class WeightPublisher:
         self.board: WeightBoard | None = None
         self.topics: set[bytes] = set()
         self.joins = 0
-        self.written = -1  # version in the board's newest slot
+        self.written: Stamp = NO_WEIGHTS  # (generation, version) in the board's newest slot
         self.slot = 1
         # Milliseconds since the epoch at start: each (re)start of the learner orders after the one before it.
         self.generation = time.time_ns() // 1_000_000 if generation is None else generation
@@ -177,17 +180,25 @@ class WeightPublisher:
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """Send `version` of the model's parameters: a notice for board readers, the vector for everyone else."""
+        self._send(version, self.generation, list(model.parameters()), lambda: flat_parameters(model).cpu().numpy())
+
+    def relay(self, version: int, generation: int, flat: np.ndarray) -> None:
+        """Hand on a version that learner rank 0 published (a host's relay, rlctl.roles.relay): its generation
+        kept, so subscribers order it as they would rank 0's own."""
+        self._send(version, generation, flat, lambda: flat)
+
+    def _send(self, version: int, generation: int, params, vector) -> None:
         if self.board_file is not None and self.wanted(NOTICE):
             if self.board is None:
-                self.board = WeightBoard.create(self.board_file, sum(p.numel() for p in model.parameters()))
-            if version != self.written:  # a re-publication of the same version rewrites nothing
+                size = params.size if isinstance(params, np.ndarray) else sum(p.numel() for p in params)
+                self.board = WeightBoard.create(self.board_file, size)
+            if (generation, version) != self.written:  # a re-publication of the same version rewrites nothing
                 self.slot ^= 1
-                self.board.write(self.slot, version, model.parameters(), self.generation)
-                self.written = version
-            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": self.generation})
+                self.board.write(self.slot, version, params, generation)
+                self.written = (generation, version)
+            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
         if self.wanted(FULL):
-            wire.send(self.sock, FULL, self.sender, version, {"gen": self.generation},
-                      {"params": flat_parameters(model).cpu().numpy()})
+            wire.send(self.sock, FULL, self.sender, version, {"gen": generation}, {"params": vector()})
 
     def close(self) -> None:
         """Remove the board's file (readers that mapped it keep their mapping)."""

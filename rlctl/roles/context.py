@@ -22,6 +22,7 @@ from rlctl.roles.metrics_line import MetricsLine
 from rlctl.liveness import pid_alive
 from rlctl.run_logs import stamp
 from rlctl.job.load import load_job
+from rlctl.launch.hosts import WEIGHTS_VIA_ENV
 from rlctl.job.spec import JobSpec
 from rlctl.tether import SUPERVISOR_PID_ENV
 from rlctl.role_names import Role
@@ -42,7 +43,7 @@ class RoleContext:
     binds: dict
     world_size: int = 1
     local_rank: int = 0
-    weight_board: str | None = None  # on learner rank 0's host: weights travel through this shared-memory file
+    weight_board: str | None = None  # on learner rank 0's host, or a relay's: weights come through this shared file
 
     @classmethod
     def from_env(cls) -> "RoleContext":
@@ -53,6 +54,8 @@ class RoleContext:
         endpoints = json.loads(env["RLCTL_ENDPOINTS"])
         if env.get("RLCTL_CONTROL"):  # on a remote host: the SSH session's forward of the supervisor's socket
             endpoints["control"] = env["RLCTL_CONTROL"]
+        if env.get(WEIGHTS_VIA_ENV):  # a host with a weights relay: its processes subscribe there
+            endpoints["weights"] = env[WEIGHTS_VIA_ENV]
         return cls(
             role=role, rank=rank, host=env.get("RLCTL_HOST", "localhost"), run_id=env["RLCTL_RUN_ID"],
             job=load_job(env["RLCTL_JOB"]), endpoints=endpoints,
@@ -79,7 +82,8 @@ class RoleContext:
         return process_seed(self.job.job.seed, self.role, self.rank)
 
 
-ROLE_SEED_INDEX = {Role.LEARNER: 0, Role.REPLAY_SHARD: 1, Role.COLLECTOR: 2, Role.INFERENCE: 3, Role.EVALUATOR: 4}
+ROLE_SEED_INDEX = {Role.LEARNER: 0, Role.REPLAY_SHARD: 1, Role.COLLECTOR: 2, Role.INFERENCE: 3, Role.EVALUATOR: 4,
+                   Role.RELAY: 5}  # at most 7: the index takes 3 bits of the seed
 
 
 def process_seed(job_seed: int, role: str, rank: int) -> int:

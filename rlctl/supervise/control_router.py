@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rlctl.supervise.process_table import ProcessHandle
     from rlctl.job.spec import JobSpec
 
-BINDING_ROLES = frozenset({Role.LEARNER, Role.REPLAY_SHARD, Role.INFERENCE})  # processes that bind sockets, and so hold the server secret
+BINDING_ROLES = frozenset({Role.LEARNER, Role.REPLAY_SHARD, Role.INFERENCE, Role.RELAY})  # processes that bind sockets, and so hold the server secret
 
 Handler = Callable[["ProcessHandle", ControlMessage], None]
 

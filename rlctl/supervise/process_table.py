@@ -207,6 +207,31 @@ def cut_session(h: ProcessHandle) -> None:
         h.pump.join(timeout=2)
 
 
+def restart_learner_nodes(handles: list[ProcessHandle], dead: ProcessHandle, now: float) -> None:
+    """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the
+    ports), and so do the other learner nodes, which start again with it (a static rendezvous is joined by
+    every node at once); all continue from the newest checkpoint."""
+    dead.forget_ranks()
+    dead.signal_group(signal.SIGKILL)
+    for h in handles:
+        if h.spec.critical and h is not dead and h.life.alive:
+            h.signal_group(signal.SIGKILL)
+            if h.popen is not None and not h.spec.remote:
+                h.popen.wait()
+            h.forget_ranks()
+            h.life.restart_with(dead.spec.name, dead.life.start_at, now)
+
+
+def lose_with_host(relays: list[ProcessHandle]) -> None:
+    """Weights relays of a lost host: their sessions cut, and lost with it (never moved: the processes moved take
+    weights from learner rank 0)."""
+    for h in relays:
+        if h.life.state is not ProcState.LOST:
+            cut_session(h)
+            h.life.lose()
+            h.metrics = {}
+
+
 class ProcessTable:
     """Every process of the plan, and what the restart policy makes of their ends and silences (and, in a Slurm
     job, of nodes that leave it)."""
@@ -283,7 +308,7 @@ class ProcessTable:
         if h.life.ended(code, h.spec.critical, now):
             self.on_restart(h.spec.name)
             if h.spec.critical:
-                self._restart_learner_nodes(h, now)
+                restart_learner_nodes(self.handles, h, now)
             return None
         if self._can_lose(h):
             h.life.lose()
@@ -300,6 +325,9 @@ class ProcessTable:
         if h.spec.host not in self.lost_nodes:
             self.lost_nodes.add(h.spec.host)
             print(f"rlctl: node {h.spec.host} left Slurm job {self.slurm_job}", file=sys.stderr, flush=True)
+        if h.spec.role == Role.RELAY:  # its node's own: gone with it (the processes moved take weights from rank 0)
+            h.life.lose()
+            return None
         gone = {x.name for x in self.spec.hosts if x.name not in nodes}
         where = re_placement(self.spec.hosts, [o.spec for o in self.handles
                                                if o.life.state is not ProcState.LOST or o is h], gone)
@@ -322,6 +350,10 @@ class ProcessTable:
         silent = self.watch.silent(now)
         for host, silence in silent:
             mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
+            # A weights relay is its host's own: lost with it, never moved (the processes moved take weights from
+            # learner rank 0).
+            relays = [h for h in mine if h.spec.role == Role.RELAY]
+            mine = [h for h in mine if h.spec.role != Role.RELAY]
             live = [h.spec for h in self.handles if h.life.state not in DONE
                     and (h.life.state is not ProcState.LOST or h.spec.host == host)]
             # Only hosts heard from lately take them: when every host is silent, the fault is on this side.
@@ -339,29 +371,19 @@ class ProcessTable:
                 h.metrics = {}
                 self.on_restart(h.spec.name)
                 loss.moved[h.spec.name] = target.name
+            lose_with_host(relays)
             said.append(loss.lost_line(host, start_at))
         for host, loss in self.watch.answered():
             self.lost_nodes.discard(host)
             said.append(loss.back_line(host))
         return said
 
-    def _restart_learner_nodes(self, dead: ProcessHandle, now: float) -> None:
-        """A learner node's torchrun agent was killed: what is left of its group goes too (its ranks would keep the
-        ports), and so do the other learner nodes, which start again with it (a static rendezvous is joined by
-        every node at once); all continue from the newest checkpoint."""
-        dead.forget_ranks()
-        dead.signal_group(signal.SIGKILL)
-        for h in self.handles:
-            if h.spec.critical and h is not dead and h.life.alive:
-                h.signal_group(signal.SIGKILL)
-                if h.popen is not None and not h.spec.remote:
-                    h.popen.wait()
-                h.forget_ranks()
-                h.life.restart_with(dead.spec.name, dead.life.start_at, now)
-
     def _can_lose(self, h: ProcessHandle) -> bool:
         """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
-        remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one."""
+        remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one. A
+        weights relay there is given up too: its host's processes keep the weights they hold."""
+        if h.spec.role == Role.RELAY:
+            return h.spec.remote and h.last_exit == SSH_FAILED
         others = [o for o in self.handles if o.spec.role == Role.COLLECTOR and o is not h]
         return (h.spec.role == Role.COLLECTOR and h.spec.remote and h.last_exit == SSH_FAILED
                 and not self.spec.algorithm_entry.synchronous

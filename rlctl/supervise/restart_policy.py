@@ -92,6 +92,7 @@ TRANSITIONS: dict[tuple[ProcState, Event], ProcState] = {
         (_E.GAVE_UP, _S.FAILED), (_E.LOSE, _S.LOST), (_E.STOP, _S.STOPPED))},
     (_S.RESTARTING, _E.START): _S.STARTING,
     (_S.RESTARTING, _E.MOVED): _S.RESTARTING,  # its host was lost while it waited for its backoff
+    (_S.RESTARTING, _E.LOSE): _S.LOST,  # the same, for a process that goes with its host (a weights relay)
     (_S.LOST, _E.MOVED): _S.RESTARTING,  # given up on its host (sessions failing), then that host was lost
     (_S.RESTARTING, _E.STOP): _S.STOPPED,
     (_S.FAILED, _E.STOP): _S.FAILED,

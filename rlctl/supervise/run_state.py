@@ -33,6 +33,7 @@ RATE_KEYS = {  # the one figure shown per process in the live table
     Role.REPLAY_SHARD: (M.REPLAY_INSERT_PER_S, "inserts/s"),
     Role.EVALUATOR: (M.EVAL_RETURN_MEAN, "eval return"),
     Role.INFERENCE: (M.INFERENCE_REQUESTS_PER_S, "requests/s"),
+    Role.RELAY: (M.RELAY_VERSIONS_PER_S, "versions/s"),
 }
 
 RATE_WINDOW_S = 10.0  # a process's rate is the mean of its heartbeats' over this long: no blink to 0.0 between them

@@ -123,8 +123,9 @@ def threads_text(proc: ProcessSpec) -> str:
 
 
 def ports_text(proc: ProcessSpec) -> str:
-    """The ports a process binds, each with its name ("weights:41001 rendezvous:41002")."""
-    return " ".join(f"{name}:{address.rpartition(':')[2]}" for name, address in proc.binds.items())
+    """The ports a process binds, each with its name ("weights:41001 rendezvous:41002"; a Unix socket by its path)."""
+    return " ".join(f"{name}:{address[len('ipc://'):] if address.startswith('ipc://') else address.rpartition(':')[2]}"
+                    for name, address in proc.binds.items())
 
 
 def runs_text(proc: ProcessSpec) -> str:
