@@ -16,7 +16,7 @@ from rlctl.job.spec import HostSpec, JobSpec
 from rlctl.role_names import Role
 
 PREFLIGHT_TIMEOUT_S = 30.0
-TORCH_ROLES = frozenset({Role.LEARNER, Role.COLLECTOR, Role.EVALUATOR, Role.INFERENCE})
+TORCH_ROLES = frozenset({Role.LEARNER, Role.COLLECTOR, Role.EVALUATOR, Role.INFERENCE, Role.RELAY})
 
 
 def host_ports(plan: LaunchPlan, host: str) -> list[int]:

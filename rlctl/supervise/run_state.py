@@ -155,7 +155,9 @@ class RunState:
         for an SSH host that was lost, when, where its processes went and when it came back (`loss`, `note`)."""
         rows = []
         for host in self.plan.hosts:
-            mine = [h for h in self.table.handles if h.spec.host == host["name"]]
+            # A weights relay lost with its host is no longer its host's: the processes it served moved away.
+            mine = [h for h in self.table.handles if h.spec.host == host["name"]
+                    and not (h.spec.role == Role.RELAY and h.life.state is ProcState.LOST)]
             loss = self.table.watch.losses.get(host["name"])
             rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"),
                          "state": host_state(host, mine, self.table.lost_nodes), "processes": len(mine),
