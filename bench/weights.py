@@ -12,10 +12,12 @@ publish time, which includes flattening the parameters). Publishes are spaced (t
 goes out once every collector acts with the previous one, plus a short random gap), so each
 one is measured alone.
 
-Two paths, as a job deploys them: the headline is the local one (the collectors share learner
-rank 0's host and read a shared-memory weight board, RLCTL_WEIGHT_BOARD, as the plan
-arranges for a local job); beside it, the network one (the parameter vector over CURVE, as
-collectors on other hosts get it, here over loopback).
+Three paths: the headline is the local one (the collectors share learner rank 0's host and
+read a shared-memory weight board, RLCTL_WEIGHT_BOARD, as the plan arranges for a local job);
+beside it, the network one (the parameter vector over CURVE to each collector, as collectors on
+other hosts got it before weights relays, here over loopback), and the relay one (one CURVE copy
+to a weights relay process, rlctl.roles.relay, which hands it to the 4 collectors through its
+own board, as the plan now arranges on every other host with more than one collector).
 
 Two networks: jobs/apex.toml's [model] (CartPole net) and a ~10M-parameter QNetwork.
 Targets: median <= 5 ms (small), <= 100 ms (10M).
@@ -26,7 +28,8 @@ TCP, CURVE, and CURVE + load_flat_parameters, which splits the network path's la
 transport, encryption, loading, and (the rest) the collectors' own loop and CPU scheduling.
 
 Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...,
-"latency_ms_small_network": ..., "latency_ms_10m_network": ...} (medians).
+"latency_ms_small_network": ..., "latency_ms_10m_network": ..., "latency_ms_small_relay": ...,
+"latency_ms_10m_relay": ..., "relay_vs_network_10m": ...} (medians; the ratio is relay over network).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import _harness as H  # noqa: E402
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
+from rlctl.launch.hosts import WEIGHTS_VIA_ENV  # noqa: E402
 from rlctl.net import wire  # noqa: E402
 
 N_COLLECTORS = 4
@@ -140,11 +144,13 @@ def child_echo() -> None:
 
 
 def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, float], timeout_s: float,
-             tmp, echo: str | None = None, board: bool = True) -> dict:
+             tmp, echo: str | None = None, path: str = "local") -> dict:
     """Publish `publishes` times to 4 collectors (or, with `echo`, to 4 diagnostic subscribers) and time them.
 
-    With `board` the collectors share learner rank 0's host as in a local job (RLCTL_WEIGHT_BOARD: shared memory);
-    without, they subscribe to the parameter vector over CURVE as collectors on other hosts do.
+    `path` "local": the collectors share learner rank 0's host as in a local job (RLCTL_WEIGHT_BOARD: shared memory);
+    "network": they subscribe to the parameter vector over CURVE, as collectors on other hosts did before relays;
+    "relay": as collectors on another host do now, through their host's weights relay (rlctl.roles.relay, one
+    CURVE subscriber of rank 0) and its board.
     """
     from rlctl.models import flat_parameters
     from rlctl.launch.remote import weight_board_file
@@ -169,7 +175,7 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         pub = net.server(zmq.PUB, endpoints["weights"], sndhwm=2)
         sink = Sink(net, endpoints["replay"][0]["experience"])
     else:
-        board_file = weight_board_file(f"bench-{label}", str(tmp)) if board else None  # where the plan puts it
+        board_file = weight_board_file(f"bench-{label}", str(tmp)) if path == "local" else None  # as the plan does
         publisher = WeightPublisher(net, endpoints["weights"], "learner-0", board_file)  # as learner rank 0
         sink = Sink(net, endpoints["replay"][0]["experience"])
     names = [f"collector-{r}" for r in range(N_COLLECTORS)]
@@ -200,9 +206,16 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
                                        extra={"RLCTL_BENCH_ECHO": echo}), tmp) for r in range(N_COLLECTORS)]
         else:
             extra = {"RLCTL_WEIGHT_BOARD": board_file} if board_file else None
-            procs = [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
-                                  extra_env=extra) for r in range(N_COLLECTORS)]
-            control.wait_hello(names, 120, procs)
+            if path == "relay":
+                via = f"ipc://{tmp}/relay-{label}.sock"
+                extra = {"RLCTL_WEIGHT_BOARD": weight_board_file(f"bench-{label}", str(tmp), relay=0),
+                         WEIGHTS_VIA_ENV: via}
+                procs.append(H.start_role("relay", 0, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
+                                          binds={"weights": via}, extra_env={"RLCTL_WEIGHT_BOARD": extra[
+                                              "RLCTL_WEIGHT_BOARD"]}))
+            procs += [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
+                                   extra_env=extra) for r in range(N_COLLECTORS)]
+            control.wait_hello(names + ["relay-0"] * (path == "relay"), 120, procs)
         # Subscriptions propagate asynchronously (slow joiner): republish until every collector acts with one.
         deadline = time.perf_counter() + 120
         while True:
@@ -269,12 +282,13 @@ def main() -> None:
     with H.TempDir() as tmp:
         for label, hidden, n_pub, gap, timeout in cases:
             print(f"  {label:5s} hidden {hidden}:")
-            for path in ("local", "network"):
-                r = run_case(label, hidden, n_pub, gap, timeout, tmp, board=path == "local")
-                out[label if path == "local" else f"{label}_network"] = r
+            for path in ("local", "network", "relay"):
+                r = run_case(label, hidden, n_pub, gap, timeout, tmp, path=path)
+                out[label if path == "local" else f"{label}_{path}"] = r
                 target = TARGET_MS[label]
-                how = ("shared-memory board, as on learner rank 0's host" if path == "local"
-                       else "parameter vector over CURVE, as to other hosts")
+                how = {"local": "shared-memory board, as on learner rank 0's host",
+                       "network": "parameter vector over CURVE to each collector, as to other hosts before relays",
+                       "relay": "one CURVE copy to the host's relay, then its board, as to other hosts now"}[path]
                 print(f"    {path} ({how}): {r['params']:,} parameters ({r['mbytes']:.2f} MB float32)")
                 print(f"        latency over {len(r['latencies_ms'])} publishes: median {r['median_ms']:.2f} ms, "
                       f"p90 {r['p90_ms']:.2f} ms (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}); lost {r['lost']}")
@@ -301,6 +315,10 @@ def main() -> None:
                  "latency_ms_small": figure("small", "median_ms"), "latency_ms_10m": figure("10m", "median_ms"),
                  "latency_ms_small_network": figure("small_network", "median_ms"),
                  "latency_ms_10m_network": figure("10m_network", "median_ms"),
+                 "latency_ms_small_relay": figure("small_relay", "median_ms"),
+                 "latency_ms_10m_relay": figure("10m_relay", "median_ms"),
+                 "relay_vs_network_10m": (round(out["10m_relay"]["median_ms"] / out["10m_network"]["median_ms"], 3)
+                                          if "10m_relay" in out and out["10m_network"]["median_ms"] else None),
                  "p90_ms_small": figure("small", "p90_ms"), "p90_ms_10m": figure("10m", "p90_ms"),
                  "params_10m": out["10m"]["params"] if "10m" in out else None,
                  **{f"breakdown_ms_{k}": {e: round(v, 3) for e, v in r["breakdown_ms"].items()}

@@ -19,6 +19,7 @@ from rlctl import run_reading
 from rlctl.run_reading import elapsed_s, real_number
 from rlctl.rundir import OVER_STATES, RunDir, status_of
 from rlctl.run_status import RunStatus
+from rlctl.views.role_fold import RoleSummary, fold_roles
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from rich.console import Console, RenderableType
@@ -240,7 +241,7 @@ def _process_row(proc: dict, now: float) -> list:
     ]
 
 
-def _role_row(s: "RoleSummary", now: float) -> list:
+def _role_row(s: RoleSummary, now: float) -> list:
     """The row of a folded role: counts by state, its ranks and hosts, the sum of its rates (their minimum and median
     in the note, which gives way first), the oldest heartbeat."""
     from rich.text import Text
@@ -267,8 +268,6 @@ def _role_row(s: "RoleSummary", now: float) -> list:
 def processes_table_rows(state: dict, now: float | None = None, every: bool = False) -> tuple[list[str], list[list]]:
     """Columns and rows for the processes of one run (robust to missing fields): a role of many processes as one row
     and its processes that are not running (views/role_fold.py), or with `every` one row per process."""
-    from rlctl.views.role_fold import RoleSummary, fold_roles
-
     now = time.time() if now is None else now
     procs = _processes(state)
     items = procs if every else fold_roles(procs)
