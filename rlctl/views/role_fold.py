@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from rlctl.run_reading import real_number
 from rlctl.run_status import RunStatus
 
 FOLD_OVER = 16  # a role of more processes than this is folded into one row
@@ -45,9 +46,8 @@ class RoleSummary:
 
 def _number(x: object) -> float | None:
     """A finite real number from a JSON value (state.json is read as untrusted), else None."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x) if math.isfinite(x) else None
+    value = real_number(x)
+    return value if value is not None and math.isfinite(value) else None
 
 
 def summarise(role: str, procs: list[dict]) -> RoleSummary:
