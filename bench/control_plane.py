@@ -29,12 +29,12 @@ Figures, per cell:
 
 - supervisor CPU: its process's utime + stime (/proc/<pid>/stat, all threads: ZeroMQ I/O, CURVE authenticator, log
   pumps) over the control window, as a share of one core;
-- control messages per second at the supervisor: hellos and heartbeats its router handled plus those it dropped
-  (counted by the bench's supervisor subclass and written into state.json) over the window;
+- control messages per second at the supervisor: the messages its control router took off its socket (hellos,
+  heartbeats, relays' bundles; `ControlRouter.received`, written into state.json by the bench) over the window;
 - heartbeat-to-state.json delay: each heartbeat carries its send time (time.time()) as the collector's env-steps
-  rate, the one per-process figure state.json shows (`processes[].rate`); the bench reads state.json whenever it
-  changes (every 0.5 s) and, for each collector whose row shows a new stamp, takes updated_at (when the supervisor
-  built that document) minus that stamp: how old the newest heartbeat is when it first shows. p50/p99 over the
+  rate; the bench's supervisor adds each collector's latest (`bench_stamps`: a row's `rate` is a mean over 10 s of
+  heartbeats) to state.json. The bench reads state.json whenever it changes (every 0.5 s) and, for each collector
+  with a new stamp, takes updated_at (when the supervisor built that document) minus that stamp: how old the newest heartbeat is when it first shows. p50/p99 over the
   stamps sent in the window. It includes the up to 0.5 s a heartbeat waits for the next state.json, and a backlog
   at the control socket; a heartbeat overtaken by a newer one before the next document is not counted itself;
 - weights published -> in use at every collector: the learner stand-in notes the time before `publish()`
@@ -289,22 +289,16 @@ def child_supervisor(job_path: str, runs_dir: str) -> int:
                                                 if p.role == Role.COLLECTOR or p.name == "learner-0"])
 
     class CountingState(RunState):
-        """state.json with the control messages the router has taken (handled and dropped)."""
-        handled = 0
+        """state.json with the control messages the router has taken off its socket, and the collectors' stamps."""
 
         def document(self) -> dict:
-            return {**super().document(), "bench_control_messages": self.handled + sup.router.dropped}
+            # A row's rate is a mean over heartbeats (RATE_WINDOW_S): the stamps are read from each process's
+            # latest figures, as the supervisor holds them when it builds this document.
+            stamps = {h.spec.name: h.metrics.get(M.ENV_STEPS_PER_S) for h in sup.table.handles
+                      if h.spec.role == Role.COLLECTOR}
+            return {**super().document(), "bench_control_messages": sup.router.received, "bench_stamps": stamps}
 
-    class BenchSupervisor(Supervisor):
-        def _on_hello(self, h, msg) -> None:
-            self.run_state.handled += 1
-            super()._on_hello(h, msg)
-
-        def _on_heartbeat(self, h, msg) -> None:
-            self.run_state.handled += 1
-            super()._on_heartbeat(h, msg)
-
-    sup = BenchSupervisor(spec, plan, RunDir(rundir.path), wire.CurveKeys.generate())
+    sup = Supervisor(spec, plan, RunDir(rundir.path), wire.CurveKeys.generate())
     sup.run_state = CountingState(spec, plan, sup.rundir, sup.table, sup.sink)
     sup.starter = SimulatedStarter(plan, sup.rundir, sup.process_keys, cfg, str(rundir.job_toml))
     return sup.run()
@@ -397,11 +391,9 @@ class StateWatch(threading.Thread):
                 continue
             with self.lock:
                 self.state = state
-                for row in state.get("processes", []):
-                    stamp = row.get("rate")
-                    if row.get("role") == Role.COLLECTOR and isinstance(stamp, float) and \
-                            stamp > self.seen.get(row["name"], 0.0):
-                        self.seen[row["name"]] = stamp
+                for name, stamp in state.get("bench_stamps", {}).items():
+                    if isinstance(stamp, float) and stamp > self.seen.get(name, 0.0):
+                        self.seen[name] = stamp
                         self.delays.append((stamp, state["updated_at"] - stamp))
 
     def snapshot(self) -> dict:

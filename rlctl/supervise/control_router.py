@@ -46,6 +46,7 @@ class ControlRouter:
         self.net: wire.SecureContext | None = None
         self.socket: zmq.Socket | None = None
         self.dropped = 0
+        self.received = 0  # messages taken off the socket (a relay's bundle is one)
         self.identities: dict[str, list] = {}  # control-channel sender -> ROUTER identity, for `stop`
 
     def open(self) -> None:
@@ -62,6 +63,7 @@ class ControlRouter:
         if self.socket is None or not self.socket.poll(timeout_ms):
             return
         for identity, msg in wire.receive_waiting(self.socket, routed=True):
+            self.received += 1
             try:
                 if msg is None:
                     raise ControlError("undecodable")
