@@ -167,10 +167,15 @@ def child_host() -> None:
     job = load_job(cfg["job"])
     ctx = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, 65536)
-    address = cfg["address"]
-    endpoints = {**cfg["endpoints"], "control": from_address(cfg["endpoints"]["control"], address)}
-    weight_eps = {"1m": from_address(cfg["endpoints"]["weights"], address),
-                  "10m": from_address(cfg["weights_10m"], address)}
+    address, relay = cfg["address"], cfg.get("relay")
+    if relay:  # the host's relay: its control socket, and per size its weights socket and board
+        endpoints = {**cfg["endpoints"], "control": relay["control"]}
+        weight_eps, boards = relay["weights"], relay["boards"]
+    else:
+        endpoints = {**cfg["endpoints"], "control": from_address(cfg["endpoints"]["control"], address)}
+        weight_eps = {"1m": from_address(cfg["endpoints"]["weights"], address),
+                      "10m": from_address(cfg["weights_10m"], address)}
+        boards = {"1m": None, "10m": None}
     models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
     # Every subscriber of a size loads into the host's one model of that size (each copy is made; the memory of one
     # model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
@@ -183,7 +188,7 @@ def child_host() -> None:
     members = []
     for name, rank, keys_env in cfg["collectors"]:  # subscriptions first: the hellos then go out together
         net = SharedContext(wire.CurveKeys.from_env(keys_env), ctx)
-        subs = {size: WeightSubscriber(net, ep, models[size]) for size, ep in weight_eps.items()}
+        subs = {size: WeightSubscriber(net, ep, models[size], boards[size]) for size, ep in weight_eps.items()}
         members.append((name, rank, net, subs))
     for name, rank, net, subs in members:
         rc = RoleContext(role=Role.COLLECTOR, rank=rank, host=cfg["host"], run_id=cfg["run_id"], job=job,
@@ -217,6 +222,41 @@ def child_host() -> None:
             if sub.poll():
                 report.send_json({"use": name, "size": size, "version": sub.version, "t": time.time()})
     ctx.destroy(linger=0)
+
+
+# --------------------------------------------------------------------------- a simulated host's relay
+
+def child_relay() -> None:
+    """relay-k of a simulated host: the product's relay loop (rlctl.roles.relay.serve) with a WeightRelay per model
+    size (each its own board and socket) and the host's control socket, under relay-k's keys."""
+    from rlctl.job.load import load_job
+    from rlctl.roles.context import ControlClient, RoleContext
+    from rlctl.roles.relay import ControlGather, WeightRelay, serve
+    import torch
+
+    die_with_parent()
+    raise_fd_limit()
+    torch.set_num_threads(1)
+    cfg = json.loads(sys.stdin.readline())
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
+    address, relay = cfg["address"], cfg["relay"]
+    rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
+                     job=load_job(cfg["job"]), endpoints={"control": from_address(cfg["endpoints"]["control"], address)},
+                     checkpoint_dir="", keys=net.keys, binds={})
+    control = ControlClient(net, rc)
+    gather = ControlGather(net, relay["control"], control)
+    upstream = {"1m": from_address(cfg["endpoints"]["weights"], address), "10m": from_address(cfg["weights_10m"], address)}
+    weights = [WeightRelay(net, upstream[size], relay["weights"][size], rc.name, relay["boards"][size], qnet(hidden))
+               for size, hidden in HIDDEN.items()]
+    print(f"{cfg['host']}: relay-{cfg['rank']} from {address}", flush=True)
+    try:
+        serve(weights, gather, control, stop)
+        for w in weights:
+            w.close()
+    finally:
+        net.close()
 
 
 # --------------------------------------------------------------------------- the learner stand-in
@@ -287,6 +327,8 @@ def child_supervisor(job_path: str, runs_dir: str) -> int:
                      board_token=str(saved.get("board_token", "")))
     plan = dataclasses.replace(plan, processes=[p for p in plan.processes
                                                 if p.role == Role.COLLECTOR or p.name == "learner-0"])
+    if cfg["relays"]:
+        plan = with_relays(plan, cfg)
 
     class CountingState(RunState):
         """state.json with the control messages the router has taken off its socket, and the collectors' stamps."""
@@ -302,6 +344,41 @@ def child_supervisor(job_path: str, runs_dir: str) -> int:
     sup.run_state = CountingState(spec, plan, sup.rundir, sup.table, sup.sink)
     sup.starter = SimulatedStarter(plan, sup.rundir, sup.process_keys, cfg, str(rundir.job_toml))
     return sup.run()
+
+
+def host_of(rank: int, collectors: int, hosts: int) -> int:
+    """The simulated host of collector `rank`: blocks of collectors in rank order."""
+    return rank * hosts // collectors
+
+
+def relay_endpoints(cfg: dict, k: int) -> dict:
+    """Simulated host k's relay: its control socket, and per model size its weights socket and board."""
+    folder = cfg["sockets"]
+    return {"control": f"ipc://{folder}/r{k}-control.sock",
+            "weights": {size: f"ipc://{folder}/r{k}-{size}.sock" for size in HIDDEN},
+            "boards": {size: f"/dev/shm/{cfg['board_prefix']}-r{k}-{size}" for size in HIDDEN}}
+
+
+def with_relays(plan, cfg: dict):
+    """The plan as make_plan renders it for H hosts with relays: a relay per simulated host, each collector on its
+    host and reporting through that host's relay (RLCTL_CONTROL_VIA), which the supervisor checks bundles by."""
+    import dataclasses
+
+    from rlctl.launch.hosts import CONTROL_VIA_ENV
+    from rlctl.launch.plan import ProcessSpec
+
+    n_hosts = cfg["hosts"]
+    collectors = [p for p in plan.processes if p.role == Role.COLLECTOR]
+    out = [p for p in plan.processes if p.role != Role.COLLECTOR]
+    for k in range(n_hosts):
+        r = relay_endpoints(cfg, k)
+        out.append(ProcessSpec(f"relay-{k}", Role.RELAY, k, f"sim-host-{k}", [], {},
+                               {"control": r["control"], "weights": r["weights"]["1m"]}))
+    for p in collectors:
+        k = host_of(p.rank, len(collectors), n_hosts)
+        out.append(dataclasses.replace(p, host=f"sim-host-{k}",
+                                       env={**p.env, CONTROL_VIA_ENV: relay_endpoints(cfg, k)["control"]}))
+    return dataclasses.replace(plan, processes=out)
 
 
 class SimulatedStarter:
@@ -337,9 +414,14 @@ class SimulatedStarter:
         collectors = sorted((h for h in handles if h.spec.role == Role.COLLECTOR), key=lambda h: h.spec.rank)
         n_hosts = self.cfg["hosts"]
         for k in range(n_hosts):
-            mine = [h for h in collectors if h.spec.rank * n_hosts // len(collectors) == k]
-            self._spawn("--child-host", {**common, "host": f"sim-host-{k}", "address": f"127.0.0.{k + 2}",
-                                         "episodes_per_s": self.cfg["episodes_per_s"],
+            host = {"host": f"sim-host-{k}", "address": f"127.0.0.{k + 2}"}
+            if self.cfg["relays"]:
+                host["relay"] = relay_endpoints(self.cfg, k)
+                relay = [h for h in handles if h.spec.name == f"relay-{k}"]
+                self._spawn("--child-relay", {**common, **host, "rank": k, "keys": self.keys[f"relay-{k}"].to_env()},
+                            relay, f"relay-{k}.log")
+            mine = [h for h in collectors if host_of(h.spec.rank, len(collectors), n_hosts) == k]
+            self._spawn("--child-host", {**common, **host, "episodes_per_s": self.cfg["episodes_per_s"],
                                          "collectors": [[h.spec.name, h.spec.rank, self.keys[h.spec.name].to_env()]
                                                         for h in mine]}, mine, f"sim-host-{k}.log")
 
@@ -512,7 +594,8 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
     commands.setsockopt(zmq.LINGER, 0)
     commands_ep = f"tcp://127.0.0.1:{commands.bind_to_random_port('tcp://127.0.0.1')}"
     (runs / CONFIG).write_text(json.dumps({
-        "report": reports.endpoint, "commands": commands_ep, "hosts": hosts,
+        "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
+        "sockets": str(cell_dir), "board_prefix": f"rlctl-bench-{os.getpid()}-{cell_dir.name}",
         "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -525,16 +608,18 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         watch.start()
         t_ready = time.monotonic()
         deadline = t_ready + 120 + collectors * 0.2
+        processes = collectors + 1 + (hosts if args.relays else 0)
         while True:  # every process running (said hello), every subscription at the publishers
             reports.drain(100)
             check_alive(sup, runs)
             procs = watch.snapshot().get("processes", [])
             up = sum(p["state"] == "running" for p in procs)
-            if up == collectors + 1 and min(reports.joins.values()) >= collectors:
+            # Rank 0's subscribers: the collectors, or with relays the relays (their collectors subscribe there).
+            if up == processes and min(reports.joins.values()) >= (hosts if args.relays else collectors):
                 break
             if time.monotonic() > deadline:
                 state = watch.snapshot()
-                raise TimeoutError(f"{up} of {collectors + 1} processes running, subscriptions {reports.joins} "
+                raise TimeoutError(f"{up} of {processes} processes running, subscriptions {reports.joins} "
                                    f"after {deadline - t_ready:.0f} s (run {state.get('status')}: "
                                    f"{state.get('exit_reason')}):\n" + tails(runs))
         out["ready_s"] = time.monotonic() - t_ready
@@ -556,8 +641,9 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         learner_pid = next((p["pid"] for p in watch.snapshot().get("processes", []) if p["name"] == "learner-0"), 0)
         for size in ("1m", "10m"):
             # Over CURVE every subscriber's copy is encrypted (at the publisher) and taken in whole (at the
-            # subscriber) on its own: about 2 x collectors x 4 bytes per parameter in flight at once.
-            need = 2 * collectors * PARAMS[size] * 4
+            # subscriber) on its own: about 2 x subscribers x 4 bytes per parameter in flight at once (rank 0's
+            # subscribers: the collectors, or with relays one relay per host).
+            need = 2 * (hosts if args.relays else collectors) * PARAMS[size] * 4
             if need > MEMORY_SHARE * available_memory():
                 out[f"weights_{size}"] = {"skipped": f"needs ~{need / 1e9:.0f} GB in flight, "
                                                      f"{available_memory() / 1e9:.0f} GB available"}
@@ -639,6 +725,9 @@ def main() -> None:
     ap.add_argument("--child-supervisor", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--child-host", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-learner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-relay", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-relays", dest="relays", action="store_false",
+                    help="every collector talks to the supervisor and learner rank 0 itself (the design before relays)")
     args = ap.parse_args()
     if args.child_supervisor:
         sys.exit(child_supervisor(*args.child_supervisor))
@@ -646,6 +735,8 @@ def main() -> None:
         return child_host()
     if args.child_learner:
         return child_learner()
+    if args.child_relay:
+        return child_relay()
     H.children.install()  # killed or failing: no supervisor, simulated host or learner stand-in outlives it
     cells = parse_cells(args.cells) if args.cells else (QUICK_CELLS if args.quick else ALL_CELLS)
     args.window = args.window or (6.0 if args.quick else 15.0)
@@ -654,10 +745,11 @@ def main() -> None:
     args.settle = 2.0 if args.quick else 5.0
     args.deadline = 30.0 if args.quick else 45.0  # one publish: missed past this (and the size's last)
     args.budget = 40.0 if args.quick else 60.0  # one size's publishes in one cell: no new one past this
-    print(f"control plane bench: cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
+    print(f"control plane bench ({'a relay per simulated host' if args.relays else 'no relays'}): "
+          f"cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
           f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
           f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
-    result = {"bench": "control_plane", **{f"target_{k}": v for k, v in TARGETS.items()}}
+    result = {"bench": "control_plane", "relays": args.relays, **{f"target_{k}": v for k, v in TARGETS.items()}}
     with H.TempDir() as tmp:
         for c, h in cells:
             key = f"c{c}_h{h}"

@@ -79,6 +79,7 @@ INFERENCE_WEIGHT_VERSION = "inference/weight_version"
 # A host's weights relay (rlctl.roles.relay).
 RELAY_VERSIONS_PER_S = "relay/versions_per_s"  # new versions taken from learner rank 0 and handed on
 RELAY_WEIGHT_VERSION = "relay/weight_version"
+RELAY_REPORTS = "relay/reports"  # hellos and heartbeats of its host's processes taken and bundled, since its start
 
 # Evaluator.
 EVAL_RETURN_MEAN = "eval/return_mean"

@@ -342,18 +342,22 @@ def test_every_other_host_with_two_weight_takers_gets_a_relay_and_its_processes_
     for host, relay in relays.items():
         board, via = relay.env["RLCTL_WEIGHT_BOARD"], relay.binds["weights"]
         assert via == f"ipc:///tmp/rlctl-t0k/relay-{relay.rank}.sock" and board.startswith("/dev/shm/")
+        assert relay.binds["control"] == f"ipc:///tmp/rlctl-t0k/relay-{relay.rank}-control.sock"
         assert relay.command[-1] == "rlctl.roles.relay" and "RLCTL_WEIGHTS_VIA" not in relay.env
+        assert "RLCTL_CONTROL_VIA" not in relay.env  # the relay itself reports to the supervisor
         takers = [x for x in p.processes if x.host == host and x.role == "collector"]
         assert takers and all(x.env["RLCTL_WEIGHT_BOARD"] == board and x.env["RLCTL_WEIGHTS_VIA"] == via
-                              for x in takers)
+                              and x.env["RLCTL_CONTROL_VIA"] == relay.binds["control"] for x in takers)
     # Two hosts, two boards and sockets (test hosts share one machine's /dev/shm and /tmp); none is the head's.
     assert len({r.env["RLCTL_WEIGHT_BOARD"] for r in relays.values()} | {procs["evaluator-0"].env["RLCTL_WEIGHT_BOARD"]}) == 3
-    assert not any("RLCTL_WEIGHTS_VIA" in x.env for x in p.processes if x.host == "head")
+    assert not any("RLCTL_WEIGHTS_VIA" in x.env or "RLCTL_CONTROL_VIA" in x.env for x in p.processes
+                   if x.host == "head" or x.role in ("learner", "replay"))
     assert p.ports() == sorted(p.ports()) and all(isinstance(port, int) for port in p.ports())
     # A collector moved off its host (the host was lost) takes weights from learner rank 0 again.
     target = next(h for h in remote_spec.hosts if h.name == "cpu-box")
     gone = moved(procs["collector-0"], target, "cpu-box")
     assert "RLCTL_WEIGHTS_VIA" not in gone.env and "RLCTL_WEIGHT_BOARD" not in gone.env
+    assert "RLCTL_CONTROL_VIA" not in gone.env  # ... and reports to the supervisor
 
 
 def test_a_host_with_one_weight_taker_or_only_central_collectors_gets_no_relay(remote_spec):
@@ -549,9 +553,9 @@ def test_plan_at_80_columns_splits_no_word_across_lines(tmp_path):
         # Every word of a line is a word of the unwrapped plan: none was cut in two.
         assert all(w in words for line in lines for w in line.split() if w.strip("─")), text
         for x in p.processes:  # each process's port numbers (a relay's socket path) are in the table, whole
-            for address in x.binds.values():
+            for channel, address in x.binds.items():
                 if address.startswith("ipc://"):
-                    assert f"weights:{address[len('ipc://'):]}" in text.split(), text
+                    assert f"{channel}:{address[len('ipc://'):]}" in text.split(), text
                 else:
                     assert re.search(rf"\b{address.rpartition(':')[2]}\b", text)
         assert "binds 127.0.0.1," in text or "binds 0.0.0.0," in text

@@ -492,8 +492,9 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
 def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_and_survives_a_killed_relay(lab,
                                                                                                          tmp_path):
     """jobs/apex-hosts.toml on lab hosts with 8 collectors on each of two hosts: each host's relay takes every version
-    of the weights once from learner rank 0 and its collectors read it from the relay's board. A relay SIGKILLed
-    mid-run is started again while its collectors go on, and the run reaches its target."""
+    of the weights once from learner rank 0 and its collectors read it from the relay's board; their hellos and
+    heartbeats reach the supervisor in the relay's bundles. A relay SIGKILLed mid-run is started again while its
+    collectors go on (not taken for hung, never restarted), and the run reaches its target."""
     text = (REPO / "jobs" / "apex-hosts.toml").read_text().split("\n[[hosts]]")[0]
     # The cap only bounds a broken run: in one clean-clone CI this test's run took 273 s at lr 5e-4.
     text = re.sub(r"(?m)^base_port = .*\n", "", re.sub(r"(?m)^wall_s = .*$", f"wall_s = {2 * CAP_S}", text))
@@ -522,6 +523,8 @@ def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_an
         if p["role"] == "collector":
             relay = relays["relay-0" if p["host"] == "h2" else "relay-1"]
             assert p["env"]["RLCTL_WEIGHTS_VIA"] == relay["binds"]["weights"]
+            # ... and it reports through the relay: its rows below are running on what the relay's bundles carry.
+            assert p["env"]["RLCTL_CONTROL_VIA"] == relay["binds"]["control"]
             said[p["name"]] = f"weights from shared memory {relay['env']['RLCTL_WEIGHT_BOARD']}"
     wait_for(lambda: all(text in (run_dir / "logs" / f"{name}.log").read_text() for name, text in said.items()), 60,
              what="every collector's start line")

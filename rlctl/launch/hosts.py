@@ -45,16 +45,19 @@ def control_socket(run_id: str, name: str, token: str = "") -> str:
     return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}-{ATTEMPT}.sock"
 
 
-# Set for the processes of a host that has a weights relay: where they subscribe instead of learner rank 0.
+# Set for the processes of a host that has a relay: where they subscribe to weights instead of learner rank 0, and
+# where their hellos and heartbeats go instead of the supervisor (the relay bundles them).
 WEIGHTS_VIA_ENV = "RLCTL_WEIGHTS_VIA"
+CONTROL_VIA_ENV = "RLCTL_CONTROL_VIA"
 
 
-def relay_socket(run_id: str, rank: int, token: str = "") -> str:
-    """The Unix socket weights relay `rank` binds for its host's processes (rlctl.roles.relay): in the run's private
-    folder, named by the relay (test hosts share one /tmp)."""
+def relay_socket(run_id: str, rank: int, token: str = "", channel: str = "") -> str:
+    """A Unix socket relay `rank` binds for its host's processes (rlctl.roles.relay): weights, or with `channel`
+    "control" their control messages; in the run's private folder, named by the relay (test hosts share one /tmp)."""
+    name = f"relay-{rank}{'-' + channel if channel else ''}.sock"
     if token:
-        return f"{private_dir(token)}/relay-{rank}.sock"
-    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-relay-{rank}.sock"
+        return f"{private_dir(token)}/{name}"
+    return f"/tmp/rlctl-{zlib.crc32(run_id.encode()):08x}-{name}"
 
 
 class LocalLauncher:

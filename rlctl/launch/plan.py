@@ -14,7 +14,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.datapaths import DATA_PATHS
-from rlctl.launch.hosts import SECRET_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for, relay_socket
+from rlctl.launch.hosts import (CONTROL_VIA_ENV, SECRET_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for,
+                                relay_socket)
 from rlctl.launch.port_claims import port_claims
 from rlctl.launch.ports import PortLayout
 from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file
@@ -212,7 +213,7 @@ class ProcessBuilder:
         self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
         self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
         self.python, self.board_token = python, board_token
-        self.relays = relays  # host name -> (its relay's board, its relay's endpoint)
+        self.relays = relays  # host name -> its relay's board and binds (weights, control)
         self.learner_nodes = [h for h in hosts if h.learner]
         self.head = self.learner_nodes[0]
         self.processes: list[ProcessSpec] = []
@@ -233,7 +234,7 @@ class ProcessBuilder:
         elif h.name in self.relays and (role == Role.RELAY or role in self.subscribers):
             env["RLCTL_WEIGHT_BOARD"], via = self.relays[h.name]
             if role != Role.RELAY:
-                env[WEIGHTS_VIA_ENV] = via
+                env[WEIGHTS_VIA_ENV], env[CONTROL_VIA_ENV] = via["weights"], via["control"]
         # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
         # otherwise listen on whatever the host name resolves to).
         env["RLCTL_ADVERTISE"] = self.net.addr(h)
@@ -317,9 +318,12 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # (Inference servers, when there are any, are the subscribers in collectors' stead, one on this host.)
     subscribers = {Role.EVALUATOR, Role.INFERENCE} if servers else {Role.EVALUATOR, Role.COLLECTOR}
     board = weight_board_file(run_id, run_dir, board_token) if head.evaluator or head.collectors or servers else None
-    # Every other host with more than one subscriber takes each version once, through a relay of its own.
+    # Every other host with more than one subscriber takes each version once, through a relay of its own, which also
+    # bundles those processes' control messages: the supervisor's work then grows with hosts, not processes.
     relay_hosts = [h for h in hosts if h is not head and weight_subscribers(h, servers) > 1]
-    relays = {h.name: (weight_board_file(run_id, run_dir, board_token, k), f"ipc://{relay_socket(run_id, k, board_token)}")
+    relays = {h.name: (weight_board_file(run_id, run_dir, board_token, k),
+                       {"weights": f"ipc://{relay_socket(run_id, k, board_token)}",
+                        "control": f"ipc://{relay_socket(run_id, k, board_token, 'control')}"})
               for k, h in enumerate(relay_hosts)}
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
                            board_token, relays)
@@ -331,7 +335,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     for rank, (h, p) in enumerate(zip(servers, ports.inference)):
         build.add(Role.INFERENCE, rank, h, ROLE_MODULES[Role.INFERENCE], {Role.INFERENCE: f"tcp://{net.bind(h)}:{p}"})
     for rank, h in enumerate(relay_hosts):
-        build.add(Role.RELAY, rank, h, ROLE_MODULES[Role.RELAY], {"weights": relays[h.name][1]})
+        build.add(Role.RELAY, rank, h, ROLE_MODULES[Role.RELAY], relays[h.name][1])
     collector_module = CENTRAL_COLLECTOR_MODULE if servers else ROLE_MODULES[Role.COLLECTOR]
     for rank, h in enumerate(h for h in hosts for _ in range(h.collectors)):
         build.add(Role.COLLECTOR, rank, h, collector_module, {})
@@ -376,9 +380,10 @@ def re_placement(hosts: list[HostSpec], processes: list[ProcessSpec], lost: set[
 
 def moved(proc: ProcessSpec, host: HostSpec, address: str, control_port: int = 0) -> ProcessSpec:
     """A collector or evaluator of a lost host, placed on another host (reached at `address`): the same process and
-    keys, weights over the network from learner rank 0 (a host's board and relay are for the processes placed there);
+    keys, weights over the network from learner rank 0 and control messages to the supervisor (a host's board and
+    relay are for the processes placed there);
     `control_port`: the supervisor's, which an SSH session forwards (a Slurm step connects to it)."""
-    env = {k: v for k, v in proc.env.items() if k not in ("RLCTL_WEIGHT_BOARD", WEIGHTS_VIA_ENV)}
+    env = {k: v for k, v in proc.env.items() if k not in ("RLCTL_WEIGHT_BOARD", WEIGHTS_VIA_ENV, CONTROL_VIA_ENV)}
     env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
     argv = launcher_for(host).argv(host, list(proc.command), env, control_port, frozenset(proc.secret_keys))
     return dataclasses.replace(proc, host=host.name, argv=argv, env=env)

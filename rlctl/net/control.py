@@ -1,7 +1,7 @@
 """The control channel's one parser: a decoded wire message from a role -> a typed `ControlMessage`, or ControlError.
 
 Everything the supervisor acts on (who sent it, which learner rank, which pid, which figures) passes through
-`parse_control` first; what fails is dropped and counted (`net/dropped`), and the supervisor goes on. Figures are
+`parse_control` first (a relay's bundle of its host's messages: `parse_bundle`, then `parse_control` for each); what fails is dropped and counted (`net/dropped`), and the supervisor goes on. Figures are
 finite numbers (the parameter digests: short strings); non-finite values are left out (a stop criterion never fires
 on inf or nan; a diverging learner says so in its own flag), lists only where a heartbeat carries the episodes that
 ended.
@@ -13,10 +13,15 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import msgpack
+import numpy as np
+
 from rlctl import metric_names as M
 from rlctl.role_names import ROLES, Role
 
 KINDS = frozenset({"hello", "heartbeat"})
+BUNDLE = "bundle"  # a relay's messages of its host's processes (rlctl.roles.report_bundle), one frame of them
+MAX_BUNDLE_REPORTS = 4096
 # ASCII digits only: str.isdigit() also takes "²", which int() then refuses.
 SENDER = re.compile(rf"({'|'.join(sorted(ROLES))})-([0-9]{{1,6}})")  # every role of role_names, and only those
 MAX_METRICS = 256
@@ -117,3 +122,22 @@ def parse_control(kind: str, sender: str, meta: object) -> ControlMessage:
     if "rank" in figures and figures["rank"] != rank:
         raise ControlError(f"metrics rank {figures['rank']} does not match sender {sender}")
     return ControlMessage(kind, role, rank, pid, figures, episodes)
+
+
+def parse_bundle(arrays: dict[str, np.ndarray]) -> tuple[list[tuple[str, str, object]], int]:
+    """A relay's bundle -> ([(kind, sender, meta)] to parse one by one, entries dropped for their shape). The
+    entries are a msgpack list in the `reports` frame (uint8): a header holds at most 64 KiB, a frame up to the
+    control sockets' 1 MiB. ControlError when the frame is not such a list."""
+    frame = arrays.get("reports")
+    if frame is None or frame.dtype != np.uint8 or frame.ndim != 1:
+        raise ControlError("a bundle without its reports frame")
+    try:
+        # No bins or extensions: only the types a heartbeat holds (what parse_control then checks).
+        reports = msgpack.unpackb(frame.data, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ControlError(f"undecodable bundle: {type(exc).__name__}") from None
+    if not isinstance(reports, list) or len(reports) > MAX_BUNDLE_REPORTS:
+        raise ControlError(f"a bundle is not a list of at most {MAX_BUNDLE_REPORTS} reports")
+    good = [tuple(r) for r in reports if isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+            and isinstance(r[1], str)]
+    return good, len(reports) - len(good)

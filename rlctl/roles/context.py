@@ -22,7 +22,7 @@ from rlctl.roles.metrics_line import MetricsLine
 from rlctl.liveness import pid_alive
 from rlctl.run_logs import stamp
 from rlctl.job.load import load_job
-from rlctl.launch.hosts import WEIGHTS_VIA_ENV
+from rlctl.launch.hosts import CONTROL_VIA_ENV, WEIGHTS_VIA_ENV
 from rlctl.job.spec import JobSpec
 from rlctl.tether import SUPERVISOR_PID_ENV
 from rlctl.role_names import Role
@@ -54,8 +54,10 @@ class RoleContext:
         endpoints = json.loads(env["RLCTL_ENDPOINTS"])
         if env.get("RLCTL_CONTROL"):  # on a remote host: the SSH session's forward of the supervisor's socket
             endpoints["control"] = env["RLCTL_CONTROL"]
-        if env.get(WEIGHTS_VIA_ENV):  # a host with a weights relay: its processes subscribe there
+        if env.get(WEIGHTS_VIA_ENV):  # a host with a relay: its processes subscribe there
             endpoints["weights"] = env[WEIGHTS_VIA_ENV]
+        if env.get(CONTROL_VIA_ENV):  # ... and send it their hellos and heartbeats, which it bundles
+            endpoints["control"] = env[CONTROL_VIA_ENV]
         return cls(
             role=role, rank=rank, host=env.get("RLCTL_HOST", "localhost"), run_id=env["RLCTL_RUN_ID"],
             job=load_job(env["RLCTL_JOB"]), endpoints=endpoints,
@@ -136,10 +138,10 @@ class ControlClient:
         self.stopping = False
         self.send("hello", {"pid": os.getpid(), "role": rc.role, "rank": rc.rank, "host": rc.host})
 
-    def send(self, kind: str, meta: dict) -> None:
+    def send(self, kind: str, meta: dict, arrays: dict | None = None) -> None:
         """Send without ever blocking the role loop (dropped if the supervisor is gone)."""
         try:
-            wire.send(self.sock, kind, self.rc.name, 0, meta, flags=zmq.NOBLOCK)
+            wire.send(self.sock, kind, self.rc.name, 0, meta, arrays, flags=zmq.NOBLOCK)
         except zmq.Again:
             pass
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Callable
 
 import zmq
 
+from rlctl.launch.hosts import CONTROL_VIA_ENV
 from rlctl.net import wire
-from rlctl.net.control import ControlError, ControlMessage, parse_control
+from rlctl.net.control import BUNDLE, ControlError, ControlMessage, parse_bundle, parse_control
 from rlctl.role_names import Role
 
 if TYPE_CHECKING:
@@ -67,7 +68,29 @@ class ControlRouter:
             try:
                 if msg is None:
                     raise ControlError("undecodable")
-                self._dispatch(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
+                if msg.kind == BUNDLE:
+                    self._dispatch_bundle(msg)
+                else:
+                    self._dispatch(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
+            except ControlError:
+                self.dropped += 1
+
+    def _dispatch_bundle(self, msg: wire.Message) -> None:
+        """A relay's bundle: each report parsed and dispatched on its own, if its process reports through that relay
+        (its host's: the relay's key speaks for those processes only); a bad report is dropped, not its bundle."""
+        relay = self.by_name.get(msg.sender)
+        if relay is None or relay.spec.role != Role.RELAY or self.keys.owner(msg.peer) != relay.spec.name:
+            raise ControlError(f"a bundle from {msg.sender}, which is not a relay sending with its own key")
+        reports, bad = parse_bundle(msg.arrays)
+        self.dropped += bad
+        via = relay.spec.binds.get("control")
+        for kind, sender, meta in reports:
+            try:
+                report = parse_control(kind, sender, meta)
+                handle = self.by_name.get(report.sender)
+                if handle is None or via is None or handle.spec.env.get(CONTROL_VIA_ENV) != via:
+                    raise ControlError(f"{report.sender} does not report through {relay.spec.name}")
+                self.handlers[report.kind](handle, report)
             except ControlError:
                 self.dropped += 1
 

@@ -219,10 +219,11 @@ class Supervisor:
             self.run_state.fail_self(exc)
 
     def _shutdown(self) -> None:
-        """Everything at once, except replay shards, which outlive the learners (a last update samples from them);
-        SIGKILL after the grace."""
+        """Everything at once, except replay shards, which outlive the learners (a last update samples from them),
+        and relays, which outlive the processes whose last reports they carry; SIGKILL after the grace."""
         learners, shards = self.table.of_role(Role.LEARNER), self.table.of_role(self.spec.data_path.shard_role)
-        others = [h for h in self.table.handles if h not in learners and h not in shards]
+        relays = self.table.of_role(Role.RELAY)
+        others = [h for h in self.table.handles if h not in learners and h not in shards and h not in relays]
         self.shutting_down = True
         # Learner ranks get `stop` on the control channel: they agree on a last update, checkpoint and exit 0, so
         # torchrun ends cleanly. SIGTERM remains the fallback for ranks that never said hello.
@@ -234,6 +235,9 @@ class Supervisor:
         for h in shards:
             h.signal_group(signal.SIGTERM)
         self._wait_gone(shards + others)
+        for h in relays:
+            h.signal_group(signal.SIGTERM)
+        self._wait_gone(relays)
         self.table.reap_all()
         self.router.drain(0)
         remove_weight_board(self.plan.to_dict())

@@ -22,7 +22,7 @@ from typing import Callable
 from rlctl import events
 from rlctl.net.control import ControlMessage
 from rlctl.launch.forkserver import ForkedProcess, ForkServer
-from rlctl.launch.hosts import ATTEMPT
+from rlctl.launch.hosts import ATTEMPT, CONTROL_VIA_ENV
 from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved, re_placement
 from rlctl.supervise.host_loss import HostWatch, restart_delay
 from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
@@ -247,6 +247,13 @@ class ProcessTable:
         self.lost_nodes: set[str] = set()  # and the SSH hosts lost now (self.watch)
         self.watch, self.control_port = HostWatch(spec, plan.run_id), int(plan.endpoints["control"].rsplit(":")[-1])
         self.next_ping = 0.0
+        # Relays by the control socket they bind: a process whose CONTROL_VIA names one reports through it.
+        self.relays = {h.spec.binds["control"]: h for h in self.handles if h.spec.role == Role.RELAY
+                       and "control" in h.spec.binds}
+
+    def relay_of(self, h: ProcessHandle) -> ProcessHandle | None:
+        """The relay that `h`'s hellos and heartbeats go through (its host's), None when they go to the supervisor."""
+        return self.relays.get(h.spec.env.get(CONTROL_VIA_ENV, ""))
 
     def of_role(self, role: str) -> list[ProcessHandle]:
         """The processes of one role."""
@@ -403,7 +410,7 @@ class ProcessTable:
             if h.life.ranks_overdue(now):
                 h.life.ranks_late(now)
             else:
-                silence = h.life.silent_for(h.last_heartbeat, now)
+                silence = h.life.silent_for(self._last_word(h), now)
                 if silence is None:
                     continue
                 by_ranks = h.spec.role == Role.LEARNER and bool(h.rank_pids) and not h.spec.remote
@@ -414,6 +421,14 @@ class ProcessTable:
                 h.kill_ranks()
             else:
                 h.signal_group(signal.SIGKILL)
+
+    def _last_word(self, h: ProcessHandle) -> float | None:
+        """When `h` was last heard, as far as its silence counts: a process whose relay is down (restarting) keeps
+        working and its reports wait for the relay, so it is not silent meanwhile, nor before the relay's new start."""
+        relay = self.relay_of(h)
+        if relay is None or h.last_heartbeat is None:
+            return h.last_heartbeat
+        return max(h.last_heartbeat, relay.started_at) if relay.life.state is ProcState.RUNNING else None
 
     def log_failure(self) -> RunEnd | None:
         """A log that can no longer be written (a full disk) ends the run: nothing of a run may go unrecorded."""
