@@ -321,10 +321,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # Every other host with more than one subscriber takes each version once, through a relay of its own, which also
     # bundles those processes' control messages: the supervisor's work then grows with hosts, not processes.
     relay_hosts = [h for h in hosts if h is not head and weight_subscribers(h, servers) > 1]
-    relays = {h.name: (weight_board_file(run_id, run_dir, board_token, k),
-                       {"weights": f"ipc://{relay_socket(run_id, k, board_token)}",
-                        "control": f"ipc://{relay_socket(run_id, k, board_token, 'control')}"})
-              for k, h in enumerate(relay_hosts)}
+    relays = {h.name: relay_board_and_binds(run_id, run_dir, board_token, k) for k, h in enumerate(relay_hosts)}
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
                            board_token, relays)
     for p in data.processes:
@@ -341,6 +338,13 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         build.add(Role.COLLECTOR, rank, h, collector_module, {})
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
                       base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
+
+
+def relay_board_and_binds(run_id: str, run_dir: str, token: str, rank: int) -> tuple[str, dict[str, str]]:
+    """Relay `rank`'s weights board, and the Unix sockets it binds for its host's processes (weights, control)."""
+    return weight_board_file(run_id, run_dir, token, rank), {
+        "weights": f"ipc://{relay_socket(run_id, rank, token)}",
+        "control": f"ipc://{relay_socket(run_id, rank, token, 'control')}"}
 
 
 def weight_subscribers(h: HostSpec, servers: list[HostSpec]) -> int:

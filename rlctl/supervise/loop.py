@@ -25,7 +25,7 @@ from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise.preemption import Preemption
-from rlctl.supervise.process_table import ProcessHandle, ProcessTable
+from rlctl.supervise.process_table import ProcessHandle, ProcessTable, wait_gone
 from rlctl.supervise.remote_cleanup import finish_remote
 from rlctl.supervise.run_state import RunEnd, RunState, note_rate
 from rlctl.supervise.supervisor_log import SupervisorLog
@@ -248,8 +248,8 @@ class Supervisor:
     def _wait_gone(self, group: list[ProcessHandle], term_after: float = -1.0) -> None:
         """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or at
         another Ctrl-C; final heartbeats (checkpoint, parameter digests) are read meanwhile."""
-        self.table.wait_gone(group, STOP_GRACE_S, forced=lambda: self.forced,
-                             meanwhile=lambda: self._keep_in_touch(10), term_after=term_after)
+        wait_gone(group, STOP_GRACE_S, forced=lambda: self.forced,
+                  meanwhile=lambda: self._keep_in_touch(10), term_after=term_after)
 
 
 def supervise_rundir(path: str, display=None) -> int:

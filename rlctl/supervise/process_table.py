@@ -222,6 +222,32 @@ def restart_learner_nodes(handles: list[ProcessHandle], dead: ProcessHandle, now
             h.life.restart_with(dead.spec.name, dead.life.start_at, now)
 
 
+def wait_gone(group: list[ProcessHandle], grace: float, forced: Callable[[], bool],
+              meanwhile: Callable[[], None], term_after: float = -1.0) -> None:
+    """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or once
+    `forced` says so; `meanwhile` runs between looks."""
+    start = time.time()
+    deadline = start + grace
+    termed = term_after < 0
+    while any(h.group_alive() for h in group):
+        if not termed and time.time() >= start + term_after:
+            termed = True
+            for h in group:
+                h.signal_group(signal.SIGTERM)
+        if time.time() > deadline or forced():
+            for h in group:
+                h.signal_group(signal.SIGKILL)
+        meanwhile()
+
+
+def last_word(h: ProcessHandle, relay: ProcessHandle | None) -> float | None:
+    """When `h` was last heard, as far as its silence counts: a process whose relay (`relay`) is down keeps working
+    and its reports wait for the relay, so it is not silent meanwhile, nor before the relay's new start."""
+    if relay is None or h.last_heartbeat is None:
+        return h.last_heartbeat
+    return max(h.last_heartbeat, relay.started_at) if relay.life.state is ProcState.RUNNING else None
+
+
 def lose_with_host(relays: list[ProcessHandle]) -> None:
     """Weights relays of a lost host: their sessions cut, and lost with it (never moved: the processes moved take
     weights from learner rank 0)."""
@@ -248,8 +274,7 @@ class ProcessTable:
         self.watch, self.control_port = HostWatch(spec, plan.run_id), int(plan.endpoints["control"].rsplit(":")[-1])
         self.next_ping = 0.0
         # Relays by the control socket they bind: a process whose CONTROL_VIA names one reports through it.
-        self.relays = {h.spec.binds["control"]: h for h in self.handles if h.spec.role == Role.RELAY
-                       and "control" in h.spec.binds}
+        self.relays = {h.spec.binds["control"]: h for h in self.of_role(Role.RELAY) if "control" in h.spec.binds}
 
     def relay_of(self, h: ProcessHandle) -> ProcessHandle | None:
         """The relay that `h`'s hellos and heartbeats go through (its host's), None when they go to the supervisor."""
@@ -410,7 +435,7 @@ class ProcessTable:
             if h.life.ranks_overdue(now):
                 h.life.ranks_late(now)
             else:
-                silence = h.life.silent_for(self._last_word(h), now)
+                silence = h.life.silent_for(last_word(h, self.relay_of(h)), now)
                 if silence is None:
                     continue
                 by_ranks = h.spec.role == Role.LEARNER and bool(h.rank_pids) and not h.spec.remote
@@ -421,14 +446,6 @@ class ProcessTable:
                 h.kill_ranks()
             else:
                 h.signal_group(signal.SIGKILL)
-
-    def _last_word(self, h: ProcessHandle) -> float | None:
-        """When `h` was last heard, as far as its silence counts: a process whose relay is down (restarting) keeps
-        working and its reports wait for the relay, so it is not silent meanwhile, nor before the relay's new start."""
-        relay = self.relay_of(h)
-        if relay is None or h.last_heartbeat is None:
-            return h.last_heartbeat
-        return max(h.last_heartbeat, relay.started_at) if relay.life.state is ProcState.RUNNING else None
 
     def log_failure(self) -> RunEnd | None:
         """A log that can no longer be written (a full disk) ends the run: nothing of a run may go unrecorded."""
@@ -448,24 +465,6 @@ class ProcessTable:
         for h in self.handles:
             if h.spec.remote and h.popen is not None and h.popen.poll() is None and h.kill_sent_at is None:
                 h.tell(b"PING\n")
-
-    @staticmethod
-    def wait_gone(group: list[ProcessHandle], grace: float, forced: Callable[[], bool],
-                  meanwhile: Callable[[], None], term_after: float = -1.0) -> None:
-        """Wait for the groups to exit: SIGTERM at term_after seconds (if >= 0), SIGKILL at the grace or once
-        `forced` says so; `meanwhile` runs between looks."""
-        start = time.time()
-        deadline = start + grace
-        termed = term_after < 0
-        while any(h.group_alive() for h in group):
-            if not termed and time.time() >= start + term_after:
-                termed = True
-                for h in group:
-                    h.signal_group(signal.SIGTERM)
-            if time.time() > deadline or forced():
-                for h in group:
-                    h.signal_group(signal.SIGKILL)
-            meanwhile()
 
     def reap_all(self) -> None:
         """After the stop: wait for every process (SIGKILL after 5 s more), keep its exit code, mark it stopped."""
