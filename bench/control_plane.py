@@ -1,8 +1,11 @@
 """The control plane at 10, 100 and 1,000 collectors over 1, 4 and 16 hosts: what the supervisor and learner rank 0
-cost as collectors grow (issue 32). Today every collector talks to the supervisor and to rank 0 directly; this bench
-gives the figures before per-host relays, and will measure them after.
+cost as collectors grow (issue 32). As the plan renders a job over many hosts, every simulated host runs a relay
+(rlctl.roles.relay): its collectors take weights from it and send it their hellos and heartbeats, which it bundles
+for the supervisor. `--no-relays` measures the design before relays: every collector talks to the supervisor and to
+rank 0 itself.
 
 Usage: python bench/control_plane.py [--quick] [--cells c10_h1,c1000_h16,...] [--window S] [--publishes N]
+       [--no-relays]
 
 What runs, per cell (C collectors over H simulated hosts):
 
@@ -21,6 +24,11 @@ What runs, per cell (C collectors over H simulated hosts):
   collector), so heartbeats come as often as a collector's would. The host's sockets share one ZeroMQ context (one
   I/O thread per simulated host, not per collector) and connect from their own loopback address, 127.0.0.(k+2).
   The log lines the collectors print go to the supervisor's log pump, one pipe per simulated host.
+- With relays, simulated host k also runs relay-k (a process with relay-k's keys, in the plan as make_plan renders
+  a relay, its collectors' RLCTL_CONTROL_VIA naming its control socket): the product's relay loop
+  (`rlctl.roles.relay.serve`) with one `WeightRelay` per model size (each its own board in /dev/shm and Unix
+  socket) and its `ControlGather`. The host's collectors then read weights from its boards (a notice, then a copy
+  of the vector) and send their control messages to it.
 - The learner stand-in (learner-0, with the learner's keys: it binds): `ControlClient` heartbeats, and two real
   `WeightPublisher`s (no shared-memory board: every collector is on another host than rank 0), publishing when the
   bench says so.
@@ -43,12 +51,13 @@ Figures, per cell:
   real collector polls between env-step blocks). Per publish, the time until the last collector has it; p50/p99
   over the publishes (with a few publishes p99 is their maximum). A publish not at every collector within the
   deadline counts as missed: the size's figures are then None, it is the size's last publish in the cell (the
-  next would queue behind the one in flight), and the printed line says how many collectors had it. A size whose copies in flight (about
-  2 x collectors x 4 bytes per parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes
-  its message in whole) would need more than 40% of the free memory is skipped (`..._skipped` says why); the
-  learner stand-in's peak memory is printed.
+  next would queue behind the one in flight), and the printed lines say how many collectors had it and which did
+  not (with the version each holds). A size whose copies in flight (about 2 x rank 0's subscribers x 4 bytes per
+  parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes its message in whole) would need
+  more than 40% of the free memory is skipped (`..._skipped` says why); the learner stand-in's peak memory is
+  printed.
 
-Last line: one JSON object, keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s,
+Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s,
 heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s, weights_10m_p99_s) and `c<C>_h<H>_met`
 (the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
 
@@ -571,6 +580,12 @@ def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: 
             every.append(max(reports.reached.values()) - t_pub)
         else:
             every.append(None)
+            late = sorted(set(reports.newest[size]) - set(reports.reached), key=lambda n: int(n.rpartition("-")[2]))
+            never = collectors - len(reports.reached) - len(late)
+            print(f"      {size} version {version} not at: " + ", ".join(
+                f"{n} (holds v{reports.newest[size][n][0]})" for n in late[:10]) +
+                (f" and {len(late) - 10} more" if len(late) > 10 else "") +
+                (f"; {never} never held a version of this size" if never else ""), flush=True)
         reports.timing = None
         if every[-1] is None:
             break  # one miss says it; the next publish would queue behind the one still in flight
@@ -593,9 +608,10 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
     commands = ctx.socket(zmq.PUSH)
     commands.setsockopt(zmq.LINGER, 0)
     commands_ep = f"tcp://127.0.0.1:{commands.bind_to_random_port('tcp://127.0.0.1')}"
+    cfg_prefix = f"rlctl-bench-{os.getpid()}-{cell_dir.name}"  # the relays' boards in /dev/shm
     (runs / CONFIG).write_text(json.dumps({
         "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
-        "sockets": str(cell_dir), "board_prefix": f"rlctl-bench-{os.getpid()}-{cell_dir.name}",
+        "sockets": str(cell_dir), "board_prefix": cfg_prefix,
         "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -658,6 +674,8 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         watch.stop.set()
         H.children.stop([sup])
         ctx.destroy(linger=0)
+        for board in Path("/dev/shm").glob(f"{cfg_prefix}-*"):  # a relay killed before its own cleanup
+            board.unlink(missing_ok=True)
 
 
 def parse_cells(text: str) -> list[tuple[int, int]]:

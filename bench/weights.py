@@ -210,9 +210,10 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
                 via = f"ipc://{tmp}/relay-{label}.sock"
                 extra = {"RLCTL_WEIGHT_BOARD": weight_board_file(f"bench-{label}", str(tmp), relay=0),
                          WEIGHTS_VIA_ENV: via}
+                # Its control socket goes unused: the collectors report to the bench's control stand-in themselves.
+                binds = {"weights": via, "control": f"ipc://{tmp}/relay-{label}-control.sock"}
                 procs.append(H.start_role("relay", 0, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
-                                          binds={"weights": via}, extra_env={"RLCTL_WEIGHT_BOARD": extra[
-                                              "RLCTL_WEIGHT_BOARD"]}))
+                                          binds=binds, extra_env={"RLCTL_WEIGHT_BOARD": extra["RLCTL_WEIGHT_BOARD"]}))
             procs += [H.start_role("collector", r, job_path, endpoints, keys, f"bench-weights-{label}", tmp,
                                    extra_env=extra) for r in range(N_COLLECTORS)]
             control.wait_hello(names + ["relay-0"] * (path == "relay"), 120, procs)

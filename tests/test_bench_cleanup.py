@@ -147,10 +147,11 @@ CASES = [
     ("faults.py", ["--rounds", "1"], False,
      [("-m rlctl run", 1, True), ("rlctl.launch.forkserver", 5, False), ("rlctl.launch.torchrun", 1, False),
       "*/runs/*/state.json"]),
-    # its supervisor (the real loop, in a process of its own), the learner stand-in and a simulated host of 10
-    # collectors, each past start-up
+    # its supervisor (the real loop, in a process of its own), the learner stand-in, a simulated host of 10
+    # collectors and its relay, each past start-up
     ("control_plane.py", ["--quick", "--cells", "c10_h1"], False,
-     [("--child-supervisor", 1, True), ("--child-learner", 1, True), ("--child-host", 1, True)]),
+     [("--child-supervisor", 1, True), ("--child-learner", 1, True), ("--child-host", 1, True),
+      ("--child-relay", 1, True)]),
     # 8 sshds; a local launch comes and goes, then the launch on one lab host: its supervisor and the ssh sessions
     # of its 8 processes (the processes on the lab host carry HOSTLAB_TAG, see hostlab_strays). Not "all running":
     # the bench stops each launch as soon as they are.

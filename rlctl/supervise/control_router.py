@@ -9,6 +9,7 @@ identity, so that learner ranks can be told to stop.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Callable
 
 import zmq
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 BINDING_ROLES = frozenset({Role.LEARNER, Role.REPLAY_SHARD, Role.INFERENCE, Role.RELAY})  # processes that bind sockets, and so hold the server secret
 
 Handler = Callable[["ProcessHandle", ControlMessage], None]
+DRAIN_BUDGET_S = 0.05  # of handling control messages per pass of the supervisor's loop
 
 
 def issue_keys(keys: wire.CurveKeys, processes: list[ProcessSpec]) -> tuple[wire.CurveKeys, dict[str, wire.CurveKeys]]:
@@ -60,20 +62,28 @@ class ControlRouter:
         return self.dropped, (self.net.refused if self.net is not None else 0)
 
     def drain(self, timeout_ms: int) -> None:
-        """Handle every control message that arrives within timeout_ms (malformed ones are dropped and counted)."""
+        """Handle the control messages that arrive within timeout_ms, for at most DRAIN_BUDGET_S: messages that come
+        faster than they are handled must not hold up the supervisor's loop (reaping, state.json, stop rules); the
+        rest wait for the next call. Malformed ones are dropped and counted."""
         if self.socket is None or not self.socket.poll(timeout_ms):
             return
+        until = time.monotonic() + DRAIN_BUDGET_S
         for identity, msg in wire.receive_waiting(self.socket, routed=True):
             self.received += 1
-            try:
-                if msg is None:
-                    raise ControlError("undecodable")
-                if msg.kind == BUNDLE:
-                    self._dispatch_bundle(msg)
-                else:
-                    self._dispatch(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
-            except ControlError:
-                self.dropped += 1
+            self._handle(identity, msg)
+            if self.received % 64 == 0 and time.monotonic() > until:
+                return
+
+    def _handle(self, identity: list, msg: wire.Message | None) -> None:
+        try:
+            if msg is None:
+                raise ControlError("undecodable")
+            if msg.kind == BUNDLE:
+                self._dispatch_bundle(msg)
+            else:
+                self._dispatch(parse_control(msg.kind, msg.sender, msg.meta), identity, msg.peer)
+        except ControlError:
+            self.dropped += 1
 
     def _dispatch_bundle(self, msg: wire.Message) -> None:
         """A relay's bundle: each report parsed and dispatched on its own, if its process reports through that relay
