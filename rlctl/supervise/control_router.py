@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 BINDING_ROLES = frozenset({Role.LEARNER, Role.REPLAY_SHARD, Role.INFERENCE, Role.RELAY})  # processes that bind sockets, and so hold the server secret
 
 Handler = Callable[["ProcessHandle", ControlMessage], None]
-DRAIN_BUDGET_S = 0.05  # of handling control messages per pass of the supervisor's loop
+DRAIN_BUDGET_S = 0.5  # of handling control messages per pass of the supervisor's loop: a backlog is caught up
+# while its other work (a state.json written durably takes up to a second on a loaded machine) still gets its turn
 
 
 def issue_keys(keys: wire.CurveKeys, processes: list[ProcessSpec]) -> tuple[wire.CurveKeys, dict[str, wire.CurveKeys]]:

@@ -40,10 +40,15 @@ RATE_WINDOW_S = 10.0  # a process's rate is the mean of its heartbeats' over thi
 
 
 def note_rate(h: ProcessHandle, now: float) -> None:
-    """Keep the rate of `h`'s latest heartbeat (its role's RATE_KEYS figure) for the row's window."""
+    """Keep the rate of `h`'s latest heartbeat (its role's RATE_KEYS figure) for the row's window; samples past
+    the window are let go (state.json reads every process's twice a second: 1,000 collectors' full deques were
+    the largest part of writing it), the newest is always kept."""
     value = h.metrics.get(RATE_KEYS.get(h.spec.role, ("", ""))[0])
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        h.rate_samples.append((now, float(value)))
+        samples = h.rate_samples
+        while samples and now - samples[0][0] > RATE_WINDOW_S:
+            samples.popleft()
+        samples.append((now, float(value)))
 
 
 def shown_rate(h: ProcessHandle, now: float) -> float | None:
