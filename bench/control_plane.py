@@ -252,12 +252,9 @@ def child_host() -> None:
 
 # --------------------------------------------------------------------------- a simulated host's relay
 
-def child_relay() -> None:
-    """relay-k of a simulated host: the product's relay loop (rlctl.roles.relay.serve) with a WeightRelay per model
-    size (each its own board and socket) and the host's control socket, under relay-k's keys."""
-    from rlctl.job.load import load_job
-    from rlctl.roles.context import ControlClient, RoleContext
-    from rlctl.roles.relay import ControlGather, WeightRelay, serve
+def child_setup() -> tuple[dict, list]:
+    """A relay's or the learner stand-in's start: ends with the supervisor, niced, one torch thread; its config from
+    stdin, and the list that SIGTERM fills (the loop's stop)."""
     import torch
 
     die_with_parent()
@@ -265,8 +262,19 @@ def child_relay() -> None:
     raise_fd_limit()
     torch.set_num_threads(1)
     cfg = json.loads(sys.stdin.readline())
-    stop = []
+    stop: list = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    return cfg, stop
+
+
+def child_relay() -> None:
+    """relay-k of a simulated host: the product's relay loop (rlctl.roles.relay.serve) with a WeightRelay per model
+    size (each its own board and socket) and the host's control socket, under relay-k's keys."""
+    from rlctl.job.load import load_job
+    from rlctl.roles.context import ControlClient, RoleContext
+    from rlctl.roles.relay import ControlGather, WeightRelay, serve
+
+    cfg, stop = child_setup()
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
@@ -293,15 +301,8 @@ def child_learner() -> None:
     from rlctl.job.load import load_job
     from rlctl.net.weights import FULL, WeightPublisher
     from rlctl.roles.context import ControlClient, RoleContext
-    import torch
 
-    die_with_parent()
-    yield_to_supervisor()
-    raise_fd_limit()
-    torch.set_num_threads(1)
-    cfg = json.loads(sys.stdin.readline())
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    cfg, stop = child_setup()
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     net.ctx.set(zmq.MAX_SOCKETS, 65536)
     rc = RoleContext(role=Role.LEARNER, rank=0, host="localhost", run_id=cfg["run_id"], job=load_job(cfg["job"]),

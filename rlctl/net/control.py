@@ -1,10 +1,10 @@
 """The control channel's one parser: a decoded wire message from a role -> a typed `ControlMessage`, or ControlError.
 
 Everything the supervisor acts on (who sent it, which learner rank, which pid, which figures) passes through
-`parse_control` first (a relay's bundle of its host's messages: `parse_bundle`, then `parse_control` for each); what fails is dropped and counted (`net/dropped`), and the supervisor goes on. Figures are
-finite numbers (the parameter digests: short strings); non-finite values are left out (a stop criterion never fires
-on inf or nan; a diverging learner says so in its own flag), lists only where a heartbeat carries the episodes that
-ended.
+`parse_control` first (a relay's bundle of its host's messages: `parse_bundle`, then `parse_control` for each);
+what fails is dropped and counted (`net/dropped`), and the supervisor goes on. Figures are finite numbers (the
+parameter digests: short strings); non-finite values are left out (a stop criterion never fires on inf or nan; a
+diverging learner says so in its own flag), lists only where a heartbeat carries the episodes that ended.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from rlctl.net.control import KINDS, LIST_METRICS, MAX_BUNDLE_REPORTS
 
 BUNDLE_INTERVAL_S = 0.5  # how long a report may wait at the relay (a stop rule on returns waits that much more);
 # state.json is written as often, and a process then costs the supervisor at most two reports a second
-MAX_MERGED_EPISODES = 4000  # per process and bundle: a collector sends at most 1000 per heartbeat, 10 a second
+MAX_MERGED_EPISODES = 10_000  # per process and bundle: a collector sends at most 1000 per heartbeat, 10 a second
 MAX_FRAME_BYTES = 512 * 1024  # a bundle's frame, well below the control sockets' 1 MiB limit
 
 
