@@ -74,9 +74,11 @@ import heapq
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -629,9 +631,11 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
     commands.setsockopt(zmq.LINGER, 0)
     commands_ep = f"tcp://127.0.0.1:{commands.bind_to_random_port('tcp://127.0.0.1')}"
     cfg_prefix = f"rlctl-bench-{os.getpid()}-{cell_dir.name}"  # the relays' boards in /dev/shm
+    # The relays' Unix sockets: a short folder of /tmp (sun_path holds 107 bytes; $TMPDIR may be deep).
+    sockets = tempfile.mkdtemp(prefix="rlcp-", dir="/tmp")
     (runs / CONFIG).write_text(json.dumps({
         "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
-        "sockets": str(cell_dir), "board_prefix": cfg_prefix,
+        "sockets": sockets, "board_prefix": cfg_prefix,
         "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -696,6 +700,7 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         ctx.destroy(linger=0)
         for board in Path("/dev/shm").glob(f"{cfg_prefix}-*"):  # a relay killed before its own cleanup
             board.unlink(missing_ok=True)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def parse_cells(text: str) -> list[tuple[int, int]]:
