@@ -42,9 +42,10 @@ Figures, per cell:
 - heartbeat-to-state.json delay: each heartbeat carries its send time (time.time()) as the collector's env-steps
   rate; the bench's supervisor adds each collector's latest (`bench_stamps`: a row's `rate` is a mean over 10 s of
   heartbeats) to state.json. The bench reads state.json whenever it changes (every 0.5 s) and, for each collector
-  with a new stamp, takes updated_at (when the supervisor built that document) minus that stamp: how old the newest heartbeat is when it first shows. p50/p99 over the
-  stamps sent in the window. It includes the up to 0.5 s a heartbeat waits for the next state.json, and a backlog
-  at the control socket; a heartbeat overtaken by a newer one before the next document is not counted itself;
+  with a new stamp, takes updated_at (when the supervisor built that document) minus that stamp: how old the
+  newest heartbeat is when it first shows. p50/p99 over the stamps sent in the window. It includes the up to
+  0.5 s a heartbeat waits for the next state.json (and with relays up to 0.5 s at the relay), and a backlog at the
+  control socket; a heartbeat overtaken by a newer one before the next document is not counted itself;
 - weights published -> in use at every collector: the learner stand-in notes the time before `publish()`
   (flattening counts, as on the learner); each simulated collector notes when its subscriber's `poll()` loaded that
   version (or a newer one), which is when a real collector's next act uses it (the simulation polls at once: a
@@ -57,9 +58,10 @@ Figures, per cell:
   more than 40% of the free memory is skipped (`..._skipped` says why); the learner stand-in's peak memory is
   printed.
 
-Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s,
-heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s, weights_10m_p99_s) and `c<C>_h<H>_met`
-(the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
+Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu,
+control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s,
+weights_10m_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s,
+10M weights p99 <= 3 s).
 
 On a small machine every simulated host, the learner and the supervisor share the same cores: the figures then
 include their contention (a 1,000-collector cell on 2 cores measures an overloaded machine), and are noisy. The
@@ -280,11 +282,12 @@ def child_relay() -> None:
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
-                     job=load_job(cfg["job"]), endpoints={"control": from_address(cfg["endpoints"]["control"], address)},
-                     checkpoint_dir="", keys=net.keys, binds={})
+                     job=load_job(cfg["job"]), checkpoint_dir="", keys=net.keys, binds={},
+                     endpoints={"control": from_address(cfg["endpoints"]["control"], address)})
     control = ControlClient(net, rc)
     gather = ControlGather(net, relay["control"], control)
-    upstream = {"1m": from_address(cfg["endpoints"]["weights"], address), "10m": from_address(cfg["weights_10m"], address)}
+    upstream = {"1m": from_address(cfg["endpoints"]["weights"], address),
+                "10m": from_address(cfg["weights_10m"], address)}
     weights = [WeightRelay(net, upstream[size], relay["weights"][size], rc.name, relay["boards"][size], qnet(hidden))
                for size, hidden in HIDDEN.items()]
     print(f"{cfg['host']}: relay-{cfg['rank']} from {address}", flush=True)
