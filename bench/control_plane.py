@@ -180,6 +180,24 @@ class Episodes:
         return out
 
 
+def child_setup() -> dict:
+    """A child's start: it ends with the supervisor, runs niced with one torch thread; its config, from stdin."""
+    import torch
+
+    die_with_parent()
+    yield_to_supervisor()
+    raise_fd_limit()
+    torch.set_num_threads(1)
+    return json.loads(sys.stdin.readline())
+
+
+def stop_on_sigterm() -> list:
+    """The list SIGTERM fills: a child's loop runs while it is empty (before this, SIGTERM ends the child at once)."""
+    stop: list = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    return stop
+
+
 def child_host() -> None:
     """A simulated host: its collectors' control clients and weight subscribers in one poll loop."""
     from rlctl.job.load import load_job
@@ -187,13 +205,8 @@ def child_host() -> None:
     from rlctl.net.weights import WeightSubscriber
     from rlctl.roles.collector_report import CollectorReport
     from rlctl.roles.context import ControlClient as Client, RoleContext
-    import torch
 
-    die_with_parent()
-    yield_to_supervisor()
-    raise_fd_limit()
-    torch.set_num_threads(1)
-    cfg = json.loads(sys.stdin.readline())
+    cfg = child_setup()
     job = load_job(cfg["job"])
     ctx = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, 65536)
@@ -234,8 +247,7 @@ def child_host() -> None:
             subscriber_of[sub.sock] = (name, size, sub)
         heapq.heappush(queue, (min(control.next_at, episodes.next_end), rank, collector))
     print(f"{cfg['host']}: {len(cfg['collectors'])} collectors from {address}", flush=True)
-    stop = []  # until here SIGTERM ends the process at once
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    stop = stop_on_sigterm()
     while not stop:
         now = time.monotonic()
         while queue and queue[0][0] <= now:  # the collectors whose heartbeat or episode end is due
@@ -256,21 +268,6 @@ def child_host() -> None:
 
 # --------------------------------------------------------------------------- a simulated host's relay
 
-def child_setup() -> tuple[dict, list]:
-    """A relay's or the learner stand-in's start: ends with the supervisor, niced, one torch thread; its config from
-    stdin, and the list that SIGTERM fills (the loop's stop)."""
-    import torch
-
-    die_with_parent()
-    yield_to_supervisor()
-    raise_fd_limit()
-    torch.set_num_threads(1)
-    cfg = json.loads(sys.stdin.readline())
-    stop: list = []
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
-    return cfg, stop
-
-
 def child_relay() -> None:
     """relay-k of a simulated host: the product's relay loop (rlctl.roles.relay.serve) with a WeightRelay per model
     size (each its own board and socket) and the host's control socket, under relay-k's keys."""
@@ -278,7 +275,7 @@ def child_relay() -> None:
     from rlctl.roles.context import ControlClient, RoleContext
     from rlctl.roles.relay import ControlGather, WeightRelay, serve
 
-    cfg, stop = child_setup()
+    cfg, stop = child_setup(), stop_on_sigterm()
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
@@ -307,7 +304,7 @@ def child_learner() -> None:
     from rlctl.net.weights import FULL, WeightPublisher
     from rlctl.roles.context import ControlClient, RoleContext
 
-    cfg, stop = child_setup()
+    cfg, stop = child_setup(), stop_on_sigterm()
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     net.ctx.set(zmq.MAX_SOCKETS, 65536)
     rc = RoleContext(role=Role.LEARNER, rank=0, host="localhost", run_id=cfg["run_id"], job=load_job(cfg["job"]),
@@ -633,12 +630,12 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
     commands = ctx.socket(zmq.PUSH)
     commands.setsockopt(zmq.LINGER, 0)
     commands_ep = f"tcp://127.0.0.1:{commands.bind_to_random_port('tcp://127.0.0.1')}"
-    cfg_prefix = f"rlctl-bench-{os.getpid()}-{cell_dir.name}"  # the relays' boards in /dev/shm
+    board_prefix = f"rlctl-bench-{os.getpid()}-{cell_dir.name}"  # the relays' boards in /dev/shm
     # The relays' Unix sockets: a short folder of /tmp (sun_path holds 107 bytes; $TMPDIR may be deep).
     sockets = tempfile.mkdtemp(prefix="rlcp-", dir="/tmp")
     (runs / CONFIG).write_text(json.dumps({
         "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
-        "sockets": sockets, "board_prefix": cfg_prefix,
+        "sockets": sockets, "board_prefix": board_prefix,
         "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -701,7 +698,7 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         watch.stop.set()
         H.children.stop([sup])
         ctx.destroy(linger=0)
-        for board in Path("/dev/shm").glob(f"{cfg_prefix}-*"):  # a relay killed before its own cleanup
+        for board in Path("/dev/shm").glob(f"{board_prefix}-*"):  # a relay killed before its own cleanup
             board.unlink(missing_ok=True)
         shutil.rmtree(sockets, ignore_errors=True)
 

@@ -68,13 +68,20 @@ class ControlGather:
         self.net, self.control = net, control
         self.sock = net.server(zmq.ROUTER, bind, rcvhwm=10000)
         self.bundle = ReportBundle()
-        self.dropped = 0  # undecodable, or not sent under the sender's own key
+        self.undecodable = 0
+
+    @property
+    def dropped(self) -> int:
+        """Messages dropped: undecodable, or refused by the bundle (not sent under the sender's own key)."""
+        return self.undecodable + self.bundle.refused
 
     def take_waiting(self) -> None:
         """Take every message already queued."""
         for _, msg in wire.receive_waiting(self.sock, routed=True):
-            if msg is None or not self.bundle.take(msg, self.net.keys.owner(msg.peer)):
-                self.dropped += 1
+            if msg is None:
+                self.undecodable += 1
+            else:
+                self.bundle.take(msg, self.net.keys.owner(msg.peer))
 
     def send_due(self, now: float) -> None:
         """Send the waiting reports if the interval has passed."""
