@@ -89,7 +89,8 @@ def test_children_outlive_the_server_and_a_dead_server_spawns_nothing(own_server
 RANK = '''
 import gc, os
 if __name__ == "__main__":  # the agent imports the module; each rank runs it
-    print("rank", os.environ["RANK"], os.getpid(), gc.get_freeze_count(), flush=True)
+    # one write(2) below PIPE_BUF, so the two ranks' lines cannot interleave on the shared pipe (print's pieces can)
+    os.write(1, f"rank {os.environ['RANK']} {os.getpid()} {gc.get_freeze_count()}\\n".encode())
 '''
 
 
