@@ -158,11 +158,14 @@ class RunState:
     def host_rows(self) -> list[dict]:
         """Per host: its processes, how many run, restarts, sessions lost, its state (ok, lost, stopped, k/n up), and
         for an SSH host that was lost, when, where its processes went and when it came back (`loss`, `note`)."""
+        by_host: dict[str, list[ProcessHandle]] = {}  # one walk over the processes, not one per host
+        for h in self.table.handles:
+            # A weights relay lost with its host is no longer its host's: the processes it served moved away.
+            if not (h.spec.role == Role.RELAY and h.life.state is ProcState.LOST):
+                by_host.setdefault(h.spec.host, []).append(h)
         rows = []
         for host in self.plan.hosts:
-            # A weights relay lost with its host is no longer its host's: the processes it served moved away.
-            mine = [h for h in self.table.handles if h.spec.host == host["name"]
-                    and not (h.spec.role == Role.RELAY and h.life.state is ProcState.LOST)]
+            mine = by_host.get(host["name"], [])
             loss = self.table.watch.losses.get(host["name"])
             rows.append({"name": host["name"], "remote": not host["local"], "via": host.get("via"),
                          "state": host_state(host, mine, self.table.lost_nodes), "processes": len(mine),
