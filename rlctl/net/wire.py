@@ -321,9 +321,9 @@ def drop_unsent_on_close() -> None:
 class SecureContext:
     """A zmq.Context whose sockets all use the job's CURVE keys; servers check clients through ZAP."""
 
-    def __init__(self, keys: CurveKeys):
+    def __init__(self, keys: CurveKeys, io_threads: int = 1):
         self.keys = keys
-        self.ctx = zmq.Context()
+        self.ctx = zmq.Context(io_threads=io_threads)  # each connection is encrypted on one of them
         self._auth: ThreadAuthenticator | None = None
         self._watches: list[HandshakeWatch] = []
         self._stop = threading.Event()

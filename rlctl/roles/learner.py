@@ -30,7 +30,7 @@ from rlctl.models import parameter_digest
 from rlctl.launch.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 from rlctl.job.resolved import resolved_dict
-from rlctl.net.weights import WeightPublisher
+from rlctl.net.weights import PUBLISHER_IO_THREADS, WeightPublisher
 
 # While waiting, rank 0 re-sends the current weights for subscribers that joined late (PUB/SUB drops what it sends
 # before a subscription completes): soon at first, then backing off to once a second.
@@ -104,7 +104,7 @@ class LearnerShell:
         self.device = device
         self.core = build_core(job, self.info, device, self.rank, self.world)
         self.model = self.core.model
-        self.net = wire.SecureContext(rc.keys)
+        self.net = wire.SecureContext(rc.keys, PUBLISHER_IO_THREADS if self.rank == 0 else 1)
         self.control = ControlClient(self.net, rc)
         self.source = job.data_path.learner_source(self.net, rc, job, self.info, self.rank, self.world, device)
         self.pub = WeightPublisher(self.net, rc.binds["weights"], rc.name, rc.weight_board) if self.rank == 0 else None
