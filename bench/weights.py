@@ -124,7 +124,9 @@ def child_echo() -> None:
         push.setsockopt(zmq.LINGER, 0)
         push.connect(endpoints["replay"][0]["experience"])
     else:
-        sub = net.client(zmq.SUB, endpoints["weights"], subscribe=b"", rcvhwm=2)
+        # No size limit: a client's default (wire.CONTROL_MAXMSGSIZE, 1 MiB) refused the 10M vector, and the
+        # diagnostic never heard a version.
+        sub = net.client(zmq.SUB, endpoints["weights"], subscribe=b"", rcvhwm=2, maxmsgsize=-1)
         push = net.client(zmq.PUSH, endpoints["replay"][0]["experience"], sndhwm=16)
     model = None
     if mode == "load":
