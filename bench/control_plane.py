@@ -56,17 +56,21 @@ Figures, per cell:
   not (with the version each holds). A size whose copies in flight (about 2 x rank 0's subscribers x 4 bytes per
   parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes its message in whole) would need
   more than 40% of the free memory is skipped (`..._skipped` says why); the learner stand-in's peak memory is
-  printed.
+  printed. With relays, also when the last relay had it from rank 0 (`weights_<size>_relays_p99_s`): rank 0's
+  fan-out, apart from the copies at the simulated collectors (each a real copy of the whole vector: 1,000 of 40 MB
+  are ~4 s of CPU here, where a cluster makes each on a collector's own core).
 
 Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu,
 control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s,
-weights_10m_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s,
+weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s,
 10M weights p99 <= 3 s).
 
 On a small machine every simulated host, the learner and the supervisor share the same cores: the figures then
 include their contention (a 1,000-collector cell on 2 cores measures an overloaded machine), and are noisy. The
-simulated hosts, their relays and the learner stand-in run at nice 10, so the supervisor gets the CPU it asks for,
-as on a cluster where they are other machines; the weights figures then include the simulation's wait for CPU.
+processes run at the priority that gives each about the CPU it would have on a cluster: the supervisor and the
+learner stand-in at nice 0 (machines of their own), the relays at nice 10 (about a core of their host's), the
+simulated hosts at nice 19 (their collectors would each have a core); the weights figures still include the
+simulation's wait for CPU.
 """
 
 from __future__ import annotations
@@ -97,7 +101,10 @@ from rlctl.role_names import Role  # noqa: E402
 BENCH = os.path.abspath(__file__)
 HIDDEN = {"1m": [996, 996], "10m": [3158, 3158]}  # QNetwork(4 -> h -> h -> dueling 1 + 2): 1,000,983 / 10,001,389
 PARAMS = {"1m": 1_000_983, "10m": 10_001_389}
-NICE = 10  # of the simulated hosts, their relays and the learner stand-in (yield_to_supervisor)
+# Niceness (yield_to_supervisor), by the CPU each would have on a cluster: the learner stand-in, like the supervisor,
+# a machine of its own; a relay, about a core of its host's; a simulated host, its collectors' load, which a cluster
+# spreads over cores of their own.
+NICE_LEARNER, NICE_RELAY, NICE_SIMULATED = 0, 10, 19
 MEMORY_SHARE = 0.4  # a size is skipped in a cell whose weights in flight would need more of the free memory
 TARGETS = {"supervisor_cpu": 0.25, "heartbeat_p99_s": 2.0, "weights_10m_p99_s": 3.0}
 ALL_CELLS = [(10, 1), (10, 4), (100, 1), (100, 4), (100, 16), (1000, 1), (1000, 4), (1000, 16)]
@@ -121,15 +128,23 @@ def die_with_parent() -> None:
         sys.exit(0)
 
 
-def yield_to_supervisor() -> None:
+def yield_to_supervisor(nice: int) -> None:
     """Run niced: on a cluster the simulated hosts are other machines, here they share the supervisor's cores, and
     with 16 hosts and their relays (33 busy processes on 2 cores) the supervisor got ~8% of a core, less than its
     work, and fell behind (heartbeats 10 s old in state.json) for want of CPU, not for its design. Each runs in a
-    session of its own, so with the kernel's autogroups its group's nice is what counts, not only its own."""
-    os.nice(NICE)
+    session of its own, so with the kernel's autogroups its group's nice is what counts, not only its own.
+
+    The learner stand-in, rank 0 on a machine of its own on a cluster, runs at the supervisor's nice (0); a
+    simulated host yields to the relays: it is 62 collectors' control traffic in one process (at 1,000 collectors on
+    16 hosts, 1.2 of the 2 cores), where a cluster gives each collector a core of its own and a relay about one core
+    of its host. At nice 10 for all, the learner stand-in got ~5% of a core, and encrypting a 10M-parameter version
+    for 16 relays (~1.4 s of CPU) took 31 s."""
+    if nice == 0:
+        return
+    os.nice(nice)
     try:
         with open("/proc/self/autogroup", "w") as f:
-            f.write(str(NICE))
+            f.write(str(nice))
     except OSError:
         pass  # no autogroups (a kernel without them, or turned off): the process's nice counts
 
@@ -180,12 +195,12 @@ class Episodes:
         return out
 
 
-def child_setup() -> dict:
+def child_setup(nice: int) -> dict:
     """A child's start: it ends with the supervisor, runs niced with one torch thread; its config, from stdin."""
     import torch
 
     die_with_parent()
-    yield_to_supervisor()
+    yield_to_supervisor(nice)
     raise_fd_limit()
     torch.set_num_threads(1)
     return json.loads(sys.stdin.readline())
@@ -206,7 +221,7 @@ def child_host() -> None:
     from rlctl.roles.collector_report import CollectorReport
     from rlctl.roles.context import ControlClient as Client, RoleContext
 
-    cfg = child_setup()
+    cfg = child_setup(NICE_SIMULATED)
     job = load_job(cfg["job"])
     ctx = zmq.Context()
     ctx.set(zmq.MAX_SOCKETS, 65536)
@@ -275,7 +290,7 @@ def child_relay() -> None:
     from rlctl.roles.context import ControlClient, RoleContext
     from rlctl.roles.relay import ControlGather, WeightRelay, serve
 
-    cfg, stop = child_setup(), stop_on_sigterm()
+    cfg, stop = child_setup(NICE_RELAY), stop_on_sigterm()
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
@@ -285,8 +300,26 @@ def child_relay() -> None:
     gather = ControlGather(net, relay["control"], control)
     upstream = {"1m": from_address(cfg["endpoints"]["weights"], address),
                 "10m": from_address(cfg["weights_10m"], address)}
-    weights = [WeightRelay(net, upstream[size], relay["weights"][size], rc.name, relay["boards"][size], qnet(hidden))
-               for size, hidden in HIDDEN.items()]
+    report = net.ctx.socket(zmq.PUSH)
+    report.setsockopt(zmq.LINGER, 0)
+    report.connect(cfg["report"])
+
+    class TimedRelay(WeightRelay):
+        """The product's relay, telling the bench when a new version came in from rank 0."""
+
+        def __init__(self, size: str, hidden: list[int]):
+            super().__init__(net, upstream[size], relay["weights"][size], rc.name, relay["boards"][size],
+                             qnet(hidden))
+            self.size = size
+
+        def step(self, timeout_ms: int) -> bool:
+            new = super().step(timeout_ms)
+            if new:
+                report.send_json({"relayed": self.size, "by": rc.name, "version": self.upstream.version,
+                                  "t": time.time()})
+            return new
+
+    weights = [TimedRelay(size, hidden) for size, hidden in HIDDEN.items()]
     print(f"{cfg['host']}: relay-{cfg['rank']} from {address}", flush=True)
     try:
         serve(weights, gather, control, stop)
@@ -301,11 +334,11 @@ def child_relay() -> None:
 def child_learner() -> None:
     """learner-0: heartbeats, and the two publishers (1M, 10M), publishing when the bench says so."""
     from rlctl.job.load import load_job
-    from rlctl.net.weights import FULL, WeightPublisher
+    from rlctl.net.weights import FULL, PUBLISHER_IO_THREADS, WeightPublisher
     from rlctl.roles.context import ControlClient, RoleContext
 
-    cfg, stop = child_setup(), stop_on_sigterm()
-    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
+    cfg, stop = child_setup(NICE_LEARNER), stop_on_sigterm()
+    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]), PUBLISHER_IO_THREADS)  # as rank 0's
     net.ctx.set(zmq.MAX_SOCKETS, 65536)
     rc = RoleContext(role=Role.LEARNER, rank=0, host="localhost", run_id=cfg["run_id"], job=load_job(cfg["job"]),
                      endpoints=cfg["endpoints"], checkpoint_dir="", keys=net.keys, binds={})
@@ -529,6 +562,7 @@ class Reports:
         self.published: dict[tuple[str, int], float] = {}
         self.newest: dict[str, dict[str, tuple[int, float]]] = {"1m": {}, "10m": {}}  # size -> name -> (v, t)
         self.reached: dict[str, float] = {}  # for the publish being timed: collector -> when it had it
+        self.relayed: dict[str, float] = {}  # for the publish being timed: relay -> when it had it from rank 0
         self.timing: tuple[str, int] | None = None
 
     def drain(self, timeout_ms: int) -> None:
@@ -543,6 +577,9 @@ class Reports:
                 self.joins[r["joins"]] = max(self.joins[r["joins"]], r["n"])
             elif "published" in r:
                 self.published[(r["published"], r["version"])] = r["t"]
+            elif "relayed" in r:
+                if self.timing and r["relayed"] == self.timing[0] and r["version"] >= self.timing[1]:
+                    self.relayed.setdefault(r["by"], r["t"])
             elif "use" in r:
                 self.newest[r["size"]][r["use"]] = (r["version"], r["t"])
                 if self.timing and r["size"] == self.timing[0] and r["version"] >= self.timing[1]:
@@ -579,7 +616,7 @@ def check_alive(sup: subprocess.Popen, runs: Path) -> None:
 def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: int, publishes: int,
                  deadline_s: float, budget_s: float, version0: int, sup, runs) -> dict:
     """Publish `size` weights up to `publishes` times (within `budget_s`), each timed to every collector."""
-    every, reached_counts, version = [], [], version0
+    every, relays_every, reached_counts, version = [], [], [], version0
     t_end = time.monotonic() + budget_s
     for _ in range(publishes):
         if time.monotonic() > t_end:
@@ -588,7 +625,7 @@ def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: 
         while time.monotonic() < gap:
             reports.drain(10)
         version += 1
-        reports.timing, reports.reached = (size, version), {}
+        reports.timing, reports.reached, reports.relayed = (size, version), {}, {}
         commands.send_json({"size": size, "version": version})
         stop_at = time.monotonic() + min(deadline_s, max(1.0, t_end - time.monotonic()))
         while time.monotonic() < stop_at and len(reports.reached) < collectors:
@@ -600,6 +637,8 @@ def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: 
         reached_counts.append(len(reports.reached))
         if t_pub is not None and len(reports.reached) == collectors:
             every.append(max(reports.reached.values()) - t_pub)
+            if reports.relayed:
+                relays_every.append(max(reports.relayed.values()) - t_pub)
         else:
             every.append(None)
             late = sorted(set(reports.newest[size]) - set(reports.reached), key=lambda n: int(n.rpartition("-")[2]))
@@ -616,7 +655,8 @@ def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: 
     return {"publishes": len(every), "missed": missed, "reached": min(reached_counts, default=0),
             "every_s": every, "version": version,
             "p50_s": H.percentile(done, 50) if done and not missed else None,
-            "p99_s": H.percentile(done, 99) if done and not missed else None}
+            "p99_s": H.percentile(done, 99) if done and not missed else None,
+            "relays_p99_s": H.percentile(relays_every, 99) if relays_every and not missed else None}
 
 
 def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
@@ -733,7 +773,8 @@ def show(key: str, r: dict) -> None:
             continue
         each = ", ".join("missed" if x is None else f"{x:.2f}" for x in w["every_s"])
         print(f"      weights {size:3s}: at every collector p50 {f(w['p50_s'])}, p99 {f(w['p99_s'])} over "
-              f"{w['publishes']} publishes ({each} s; {w['missed']} missed, fewest reached {w['reached']})",
+              f"{w['publishes']} publishes ({each} s; {w['missed']} missed, fewest reached {w['reached']})"
+              + (f"; at every relay p99 {f(w['relays_p99_s'])}" if w.get("relays_p99_s") is not None else ""),
               flush=True)
 
 
@@ -747,6 +788,7 @@ def figures(key: str, r: dict) -> dict:
     for size in ("1m", "10m"):
         w = r[f"weights_{size}"]
         out[f"{key}_weights_{size}_p50_s"], out[f"{key}_weights_{size}_p99_s"] = num(w.get("p50_s")), num(w.get("p99_s"))
+        out[f"{key}_weights_{size}_relays_p99_s"] = num(w.get("relays_p99_s"))
         if "skipped" in w:
             out[f"{key}_weights_{size}_skipped"] = w["skipped"]
     out[f"{key}_learner_peak_rss_gb"] = num(r["learner_peak_rss_gb"])
