@@ -62,8 +62,8 @@ Figures, per cell:
 
 Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu,
 control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s,
-weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of one core, heartbeat p99 <= 2 s,
-10M weights p99 <= 3 s).
+weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of
+one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
 
 On a small machine every simulated host, the learner and the supervisor share the same cores: the figures then
 include their contention (a 1,000-collector cell on 2 cores measures an overloaded machine), and are noisy. The

@@ -96,7 +96,8 @@ def test_state_round_trip_is_atomic(tmp_path):
     run.write_state(state)
     assert run.read_state() == state
     assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "logs", "state.json", "tb"]
-    assert run.state_json.read_text() == '{"status":"running","metrics":{"charts/env_steps":5},"ended_at":null}\n'  # compact
+    compact = '{"status":"running","metrics":{"charts/env_steps":5},"ended_at":null}\n'
+    assert run.state_json.read_text() == compact
 
 
 def test_corrupt_state_reads_as_none(tmp_path):
