@@ -613,9 +613,10 @@ def check_alive(sup: subprocess.Popen, runs: Path) -> None:
         raise RuntimeError(f"the supervisor exited with {sup.returncode}:\n" + tails(runs))
 
 
-def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: int, publishes: int,
+def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: int, relays: int, publishes: int,
                  deadline_s: float, budget_s: float, version0: int, sup, runs) -> dict:
-    """Publish `size` weights up to `publishes` times (within `budget_s`), each timed to every collector."""
+    """Publish `size` weights up to `publishes` times (within `budget_s`), each timed to every collector (and to
+    every relay, when there are `relays`)."""
     every, relays_every, reached_counts, version = [], [], [], version0
     t_end = time.monotonic() + budget_s
     for _ in range(publishes):
@@ -637,7 +638,7 @@ def time_weights(size: str, reports: Reports, commands: zmq.Socket, collectors: 
         reached_counts.append(len(reports.reached))
         if t_pub is not None and len(reports.reached) == collectors:
             every.append(max(reports.reached.values()) - t_pub)
-            if reports.relayed:
+            if relays and len(reports.relayed) == relays:
                 relays_every.append(max(reports.relayed.values()) - t_pub)
         else:
             every.append(None)
@@ -728,8 +729,8 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
                 out[f"weights_{size}"] = {"skipped": f"needs ~{need / 1e9:.0f} GB in flight, "
                                                      f"{available_memory() / 1e9:.0f} GB available"}
                 continue
-            r = time_weights(size, reports, commands, collectors, args.publishes[size], args.deadline,
-                             args.budget, version, sup, runs)
+            r = time_weights(size, reports, commands, collectors, hosts if args.relays else 0, args.publishes[size],
+                             args.deadline, args.budget, version, sup, runs)
             version = r["version"]
             out[f"weights_{size}"] = r
         out["learner_peak_rss_gb"] = peak_rss(learner_pid) / 1e9
