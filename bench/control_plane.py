@@ -5,7 +5,7 @@ for the supervisor. `--no-relays` measures the design before relays: every colle
 rank 0 itself.
 
 Usage: python bench/control_plane.py [--quick] [--cells c10_h1,c1000_h16,...] [--window S] [--publishes N]
-       [--no-relays]
+       [--no-relays] [--relay-fanout F]
 
 What runs, per cell (C collectors over H simulated hosts):
 
@@ -28,7 +28,9 @@ What runs, per cell (C collectors over H simulated hosts):
   a relay, its collectors' RLCTL_CONTROL_VIA naming its control socket): the product's relay loop
   (`rlctl.roles.relay.serve`) with one `WeightRelay` per model size (each its own board in /dev/shm and Unix
   socket) and its `ControlGather`. The host's collectors then read weights from its boards (a notice, then a copy
-  of the vector) and send their control messages to it.
+  of the vector) and send their control messages to it. With more hosts than `--relay-fanout` (default 16, as
+  `network.relay_fanout`) the relays form the plan's tree (`rlctl.launch.plan.relay_parents`): the relays past the
+  first F take each version from a relay above them, at its host's address, rank 0 their fallback.
 - The learner stand-in (learner-0, with the learner's keys: it binds): `ControlClient` heartbeats, and two real
   `WeightPublisher`s (no shared-memory board: every collector is on another host than rank 0), publishing when the
   bench says so.
@@ -60,7 +62,7 @@ Figures, per cell:
   fan-out, apart from the copies at the simulated collectors (each a real copy of the whole vector: 1,000 of 40 MB
   are ~4 s of CPU here, where a cluster makes each on a collector's own core).
 
-Last line: one JSON object, `relays` (true unless --no-relays), keys `c<C>_h<H>_<figure>` (supervisor_cpu,
+Last line: one JSON object, `relays` (true unless --no-relays), `relay_fanout`, keys `c<C>_h<H>_<figure>` (supervisor_cpu,
 control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s,
 weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of
 one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
@@ -288,18 +290,26 @@ def child_relay() -> None:
     size (each its own board and socket) and the host's control socket, under relay-k's keys."""
     from rlctl.job.load import load_job
     from rlctl.roles.context import ControlClient, RoleContext
+    from rlctl.launch.plan import relay_parents
+    from rlctl.net.weights import PUBLISHER_IO_THREADS
     from rlctl.roles.relay import ControlGather, WeightRelay, serve
 
     cfg, stop = child_setup(NICE_RELAY), stop_on_sigterm()
-    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]))
+    below = cfg["rank"] in relay_parents(cfg["hosts"], cfg["relay_fanout"])
+    net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]), PUBLISHER_IO_THREADS if below else 1)
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
                      job=load_job(cfg["job"]), checkpoint_dir="", keys=net.keys, binds={},
                      endpoints={"control": from_address(cfg["endpoints"]["control"], address)})
     control = ControlClient(net, rc)
     gather = ControlGather(net, relay["control"], control)
-    upstream = {"1m": from_address(cfg["endpoints"]["weights"], address),
-                "10m": from_address(cfg["weights_10m"], address)}
+    root = {"1m": cfg["endpoints"]["weights"], "10m": cfg["weights_10m"]}
+    # A tree of relays (rlctl.launch.plan.relay_tree): past the fanout, from the relay above, rank 0 its fallback.
+    parents = relay_parents(cfg["hosts"], cfg["relay_fanout"])
+    above = parents[cfg["rank"]]
+    upstream = {size: from_address(ep if above is None else tree_endpoint(cfg, above, size), address)
+                for size, ep in root.items()}
+    below = cfg["rank"] in parents
     report = net.ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 0)
     report.connect(cfg["report"])
@@ -308,8 +318,9 @@ def child_relay() -> None:
         """The product's relay, telling the bench when a new version came in from rank 0."""
 
         def __init__(self, size: str, hidden: list[int]):
-            super().__init__(net, upstream[size], relay["weights"][size], rc.name, relay["boards"][size],
-                             qnet(hidden))
+            binds = [relay["weights"][size], *([tree_endpoint(cfg, cfg["rank"], size)] if below else [])]
+            super().__init__(net, upstream[size], binds, rc.name, relay["boards"][size], qnet(hidden),
+                             root=None if above is None else from_address(root[size], address))
             self.size = size
 
         def step(self, timeout_ms: int) -> bool:
@@ -423,6 +434,11 @@ def relay_endpoints(cfg: dict, k: int) -> dict:
             "boards": {size: f"/dev/shm/{cfg['board_prefix']}-r{k}-{size}" for size in HIDDEN}}
 
 
+def tree_endpoint(cfg: dict, k: int, size: str) -> str:
+    """Where relay k hands `size` on to the relays below it (at its simulated host's address)."""
+    return f"tcp://127.0.0.{k + 2}:{cfg['tree_ports'][size]}"
+
+
 def with_relays(plan, cfg: dict):
     """The plan as make_plan renders it for H hosts with relays: a relay per simulated host, each collector on its
     host and reporting through that host's relay (RLCTL_CONTROL_VIA), which the supervisor checks bundles by."""
@@ -471,7 +487,8 @@ class SimulatedStarter:
 
     def start_all(self, handles, stopping, meanwhile) -> None:
         common = {"job": self.job, "run_id": self.plan.run_id, "endpoints": self.plan.endpoints,
-                  "weights_10m": self.cfg["weights_10m"], "report": self.cfg["report"]}
+                  "weights_10m": self.cfg["weights_10m"], "report": self.cfg["report"], "hosts": self.cfg["hosts"],
+                  "relay_fanout": self.cfg["relay_fanout"], "tree_ports": self.cfg["tree_ports"]}
         learner = [h for h in handles if h.spec.role == Role.LEARNER]
         self._spawn("--child-learner", {**common, "keys": self.keys["learner-0"].to_env(),
                                         "commands": self.cfg["commands"]}, learner, "learner-0.log")
@@ -677,7 +694,8 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
     (runs / CONFIG).write_text(json.dumps({
         "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
         "sockets": sockets, "board_prefix": board_prefix,
-        "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s}))
+        "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s,
+        "relay_fanout": args.relay_fanout, "tree_ports": dict(zip(HIDDEN, H.free_ports(2)))}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(runs / "supervisor.out", "wb") as out:
@@ -695,8 +713,10 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
             check_alive(sup, runs)
             procs = watch.snapshot().get("processes", [])
             up = sum(p["state"] == "running" for p in procs)
-            # Rank 0's subscribers: the collectors, or with relays the relays (their collectors subscribe there).
-            if up == processes and min(reports.joins.values()) >= (hosts if args.relays else collectors):
+            # Rank 0's subscribers: the collectors, or with relays the relays under it (the others' collectors
+            # subscribe at their relays, those relays at the relays above them).
+            if up == processes and min(reports.joins.values()) >= (
+                    min(hosts, args.relay_fanout) if args.relays else collectors):
                 break
             if time.monotonic() > deadline:
                 state = watch.snapshot()
@@ -814,6 +834,8 @@ def main() -> None:
     ap.add_argument("--child-relay", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-relays", dest="relays", action="store_false",
                     help="every collector talks to the supervisor and learner rank 0 itself (the design before relays)")
+    ap.add_argument("--relay-fanout", type=int, default=16,
+                    help="relays that one sender hands a version to (network.relay_fanout; past it, a tree)")
     args = ap.parse_args()
     if args.child_supervisor:
         sys.exit(child_supervisor(*args.child_supervisor))
@@ -831,11 +853,13 @@ def main() -> None:
     args.settle = 2.0 if args.quick else 5.0
     args.deadline = 30.0 if args.quick else 45.0  # one publish: missed past this (and the size's last)
     args.budget = 40.0 if args.quick else 60.0  # one size's publishes in one cell: no new one past this
-    print(f"control plane bench ({'a relay per simulated host' if args.relays else 'no relays'}): "
+    tree = f", a tree past {args.relay_fanout}" if args.relays and args.relay_fanout < max(h for _, h in cells) else ""
+    print(f"control plane bench ({'a relay per simulated host' + tree if args.relays else 'no relays'}): "
           f"cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
           f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
           f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
-    result = {"bench": "control_plane", "relays": args.relays, **{f"target_{k}": v for k, v in TARGETS.items()}}
+    result = {"bench": "control_plane", "relays": args.relays, "relay_fanout": args.relay_fanout,
+              **{f"target_{k}": v for k, v in TARGETS.items()}}
     with H.TempDir() as tmp:
         for c, h in cells:
             key = f"c{c}_h{h}"

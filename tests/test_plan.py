@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -29,11 +30,13 @@ from rlctl.launch.plan import (
     pinned_cores,
     placement,
     ports_needed,
+    relay_parents,
     torch_threads,
     usable_cpus,
 )
 from rlctl.job.load import JobFileError, load_job, validate_job
 from rlctl.job.spec import JobSpec
+from rlctl.launch.ports import PortLayout
 
 REPO = Path(__file__).resolve().parents[1]
 APEX = REPO / "jobs" / "apex.toml"
@@ -358,6 +361,30 @@ def test_every_other_host_with_two_weight_takers_gets_a_relay_and_its_processes_
     gone = moved(procs["collector-0"], target, "cpu-box")
     assert "RLCTL_WEIGHTS_VIA" not in gone.env and "RLCTL_WEIGHT_BOARD" not in gone.env
     assert "RLCTL_CONTROL_VIA" not in gone.env  # ... and reports to the supervisor
+
+
+def test_relays_past_the_fanout_take_weights_from_a_relay_above_them(remote_spec):
+    # Each sender (rank 0: None) has at most `fanout` relays below it, and each relay's sender comes before it.
+    assert relay_parents(7, 2) == [None, None, 0, 0, 1, 1, 2]
+    assert relay_parents(3, 16) == [None] * 3
+    for n, fanout in ((100, 8), (1000, 16), (5, 1)):
+        parents = relay_parents(n, fanout)
+        counts = collections.Counter(parents)
+        assert max(counts.values()) <= fanout and all(q is None or q < k for k, q in enumerate(parents))
+    spec = remote_spec.model_copy(update={"network": remote_spec.network.model_copy(update={"relay_fanout": 1})})
+    p = make_plan(spec, RUN_ID, RUN_DIR, 42000, python=PY, keys_env=SECRET, board_token="t0k")
+    procs = by_name(p)
+    above, below = procs["relay-0"], procs["relay-1"]
+    port = PortLayout(spec, 42000).relay_tree
+    # relay-0 (gpu-box) binds the tree's port besides its host's socket; relay-1 (cpu-box) subscribes there, and
+    # knows rank 0's endpoint to fall back on; relay-0 takes rank 0's.
+    assert above.binds["weights_tree"] == f"tcp://0.0.0.0:{port}" and "RLCTL_WEIGHTS_VIA" not in above.env
+    assert below.env["RLCTL_WEIGHTS_VIA"] == f"tcp://10.0.0.5:{port}" and "weights_tree" not in below.binds
+    assert port in p.ports() and port < 42000 + ports_needed(spec)
+    # The collectors under relay-1 still read their own host's board.
+    assert procs["collector-3"].env["RLCTL_WEIGHTS_VIA"] == below.binds["weights"]
+    # The default fanout (16) keeps both hosts' relays under rank 0.
+    assert not any("weights_tree" in x.binds for x in plan_of(remote_spec).processes)
 
 
 def test_a_host_with_one_weight_taker_or_only_central_collectors_gets_no_relay(remote_spec):

@@ -492,12 +492,15 @@ def test_a_collector_host_cut_off_the_network_has_its_collectors_re_placed_and_l
 def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_and_survives_a_killed_relay(lab,
                                                                                                          tmp_path):
     """jobs/apex-hosts.toml on lab hosts with 8 collectors on each of two hosts: each host's relay takes every version
-    of the weights once from learner rank 0 and its collectors read it from the relay's board; their hellos and
-    heartbeats reach the supervisor in the relay's bundles. A relay SIGKILLed mid-run is started again while its
-    collectors go on (not taken for hung, never restarted), and the run reaches its target."""
+    of the weights once and its collectors read it from the relay's board; their hellos and heartbeats reach the
+    supervisor in the relay's bundles. With `network.relay_fanout = 1` the relays are a chain: rank 0 -> h2's relay
+    -> h3's. h2's relay SIGKILLed mid-run is started again while its collectors go on (not taken for hung, never
+    restarted); h3's relay meanwhile takes the versions from rank 0 and goes on handing them on; the run reaches its
+    target."""
     text = (REPO / "jobs" / "apex-hosts.toml").read_text().split("\n[[hosts]]")[0]
     # The cap only bounds a broken run: in one clean-clone CI this test's run took 273 s at lr 5e-4.
-    text = re.sub(r"(?m)^base_port = .*\n", "", re.sub(r"(?m)^wall_s = .*$", f"wall_s = {2 * CAP_S}", text))
+    text = re.sub(r"(?m)^base_port = .*\n", "relay_fanout = 1\n",
+                  re.sub(r"(?m)^wall_s = .*$", f"wall_s = {2 * CAP_S}", text))
     # Half its learning rate: it solved 20 s after its learner's start here, too soon for a relay killed once it
     # hands on versions to be back for sure (starting 21 processes on 2 cores took 40-60 s; a relay, 10-20 s).
     text = re.sub(r"(?m)^lr = .*$", "lr = 1e-3", text)
@@ -518,6 +521,11 @@ def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_an
     plan = json.loads((run_dir / "plan.json").read_text())
     relays = {p["name"]: p for p in plan["processes"] if p["role"] == "relay"}
     assert {n: p["host"] for n, p in relays.items()} == {"relay-0": "h2", "relay-1": "h3"}
+    tree = relays["relay-0"]["binds"]["weights_tree"]
+    assert tree.startswith(f"tcp://{lab.hosts[1].address}:")  # h2's relay binds the chain's port on h2 ...
+    assert relays["relay-1"]["env"]["RLCTL_WEIGHTS_VIA"] == tree  # ... where h3's takes the versions
+    wait_for(lambda: f"relays below at {tree}" in (run_dir / "logs" / "relay-0.log").read_text(), 60,
+             what="relay-0's start line")
     said = {}  # collector -> what its start line must say: it reads its host's relay's board
     for p in plan["processes"]:
         if p["role"] == "collector":
@@ -536,6 +544,10 @@ def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_an
     assert read_state(run_dir)["status"] == "running"  # mid-run
     # The new relay hands versions on to h2's collectors (its rate comes from versions it took after its start).
     wait_for(lambda: row("relay-0").get("rate"), 60, what="relay-0 handing on versions again")
+    # h3's relay took the versions from rank 0 while h2's was gone, and from the new one once it was back.
+    h3_log = (run_dir / "logs" / "relay-1.log").read_text
+    wait_for(lambda: "taking the versions from learner rank 0" in h3_log(), 60, what="relay-1 on rank 0")
+    wait_for(lambda: f"taking the versions from {tree} again" in h3_log(), 60, what="relay-1 below relay-0 again")
     wait_for(lambda: read_state(run_dir)["status"] in ("finished", "failed"), 2 * CAP_S, interval=1.0,
              what="the run to end")
     state = read_state(run_dir)

@@ -310,6 +310,10 @@ class NetworkSpec(Section):
     session_timeout_s: Annotated[float, Field(ge=1.0, le=86400.0)] = 30.0
     """A remote process whose SSH session brings nothing from the supervisor for this long (a network partition, a
     frozen supervisor) stops itself, rather than run on unsupervised; the supervisor pings every third of it."""
+    relay_fanout: Annotated[int, Field(ge=1, le=4096)] = 16
+    """Most hosts' weights relays that one sender hands each weights version to: learner rank 0 sends to the first
+    this many, each of those to this many more, and so on (a tree, for runs of many hosts); no tree while every host
+    is this machine."""
 
 
 class ClusterNodeSpec(Section):

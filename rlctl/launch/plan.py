@@ -209,11 +209,12 @@ class ProcessBuilder:
 
     def __init__(self, spec: JobSpec, hosts: list[HostSpec], run_id: str, net: Addressing, base_env: dict[str, str],
                  control: str, control_port: int, board: str | None, subscribers: set[str], python: str | None,
-                 board_token: str, relays: dict[str, tuple[str, str]]):
+                 board_token: str, relays: dict[str, tuple[str, dict[str, str]]], upstreams: dict[str, str]):
         self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
         self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
         self.python, self.board_token = python, board_token
-        self.relays = relays  # host name -> its relay's board and binds (weights, control)
+        self.relays = relays  # host name -> its relay's board and binds (weights, control; weights_tree above others)
+        self.upstreams = upstreams  # host name -> the relay endpoint its relay takes weights from (rank 0 if absent)
         self.learner_nodes = [h for h in hosts if h.learner]
         self.head = self.learner_nodes[0]
         self.processes: list[ProcessSpec] = []
@@ -235,6 +236,8 @@ class ProcessBuilder:
             env["RLCTL_WEIGHT_BOARD"], via = self.relays[h.name]
             if role != Role.RELAY:
                 env[WEIGHTS_VIA_ENV], env[CONTROL_VIA_ENV] = via["weights"], via["control"]
+            elif h.name in self.upstreams:
+                env[WEIGHTS_VIA_ENV] = self.upstreams[h.name]
         # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
         # otherwise listen on whatever the host name resolves to).
         env["RLCTL_ADVERTISE"] = self.net.addr(h)
@@ -321,9 +324,9 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # Every other host with more than one subscriber takes each version once, through a relay of its own, which also
     # bundles those processes' control messages: the supervisor's work then grows with hosts, not processes.
     relay_hosts = [h for h in hosts if h is not head and weight_subscribers(h, servers) > 1]
-    relays = {h.name: relay_board_and_binds(run_id, run_dir, board_token, k) for k, h in enumerate(relay_hosts)}
+    relays, upstreams = relay_tree(spec, relay_hosts, net, ports.relay_tree, run_id, run_dir, board_token)
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
-                           board_token, relays)
+                           board_token, relays, upstreams)
     for p in data.processes:
         build.add(p.role, p.rank, p.host, p.module, p.binds)
     build.add_learners(ports, str(endpoints["rendezvous"]), data.rank_binds)
@@ -338,6 +341,27 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
         build.add(Role.COLLECTOR, rank, h, collector_module, {})
     return LaunchPlan(spec.job.name, spec.algorithm.name, run_id, run_dir, "127.0.0.1" if net.all_local else "0.0.0.0",
                       base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
+
+
+def relay_tree(spec: JobSpec, relay_hosts: list[HostSpec], net: Addressing, port: int, run_id: str, run_dir: str,
+               token: str) -> tuple[dict[str, tuple[str, dict[str, str]]], dict[str, str]]:
+    """Each relay host's board and binds, and (host name -> endpoint) where the relays below the first
+    `network.relay_fanout` take the weights: a relay with relays below it binds `port` on its own host, so no tree
+    where the hosts are all this machine."""
+    relays = {h.name: relay_board_and_binds(run_id, run_dir, token, k) for k, h in enumerate(relay_hosts)}
+    upstreams = {}
+    for h, parent in zip(relay_hosts, relay_parents(len(relay_hosts), spec.network.relay_fanout)):
+        if parent is not None and not net.all_local:
+            above = relay_hosts[parent]
+            relays[above.name][1]["weights_tree"] = f"tcp://{net.bind(above)}:{port}"
+            upstreams[h.name] = f"tcp://{net.addr(above)}:{port}"
+    return relays, upstreams
+
+
+def relay_parents(relays: int, fanout: int) -> list[int | None]:
+    """Where each of `relays` relays takes the weights from: None for learner rank 0 (the first `fanout`), else the
+    index of a relay above it. Each sender has at most `fanout` relays below it; depth grows as log_fanout(relays)."""
+    return [None if k < fanout else (k - fanout) // fanout for k in range(relays)]
 
 
 def relay_board_and_binds(run_id: str, run_dir: str, token: str, rank: int) -> tuple[str, dict[str, str]]:

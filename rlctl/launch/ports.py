@@ -5,7 +5,8 @@ from __future__ import annotations
 
 class PortLayout:
     """Ports from `base` in this order: control, weights, rendezvous, the data path's groups (e.g. two per replay
-    shard, or one per learner rank for rollouts), one per inference server, and one spare."""
+    shard, or one per learner rank for rollouts), one per inference server, the weights relays' tree (each relay with
+    relays below it binds it on its own host), and one spare."""
 
     def __init__(self, job, base: int):
         self.base = base
@@ -14,4 +15,5 @@ class PortLayout:
         groups, per_group = job.data_path.port_groups(job)
         self.data = [[next(ports) for _ in range(per_group)] for _ in range(groups)]
         self.inference = [next(ports) for _ in range(job.inference_server_count)]
+        self.relay_tree = next(ports)
         self.size = next(ports) + 1 - base  # the spare included

@@ -144,7 +144,7 @@ class WeightPublisher:
     is flattened for the network when every subscriber reads the board, and the board is written only for them.
     """
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, sender: str, board: str | None = None,
+    def __init__(self, net: wire.SecureContext, endpoint: str | list[str], sender: str, board: str | None = None,
                  generation: int | None = None):
         # Verbose: every subscription is reported, not only a prefix's first, so each newcomer can be welcomed.
         self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2, xpub_verbose=1)
@@ -217,7 +217,8 @@ class WeightSubscriber:
     With `board` (the board's path on this host) it subscribes to notices only and copies from the board.
     """
 
-    def __init__(self, net: wire.SecureContext, endpoint: str, model: torch.nn.Module, board: str | None = None):
+    def __init__(self, net: wire.SecureContext, endpoint: str | list[str], model: torch.nn.Module,
+                 board: str | None = None):
         self.size = sum(p.numel() for p in model.parameters())
         # No frame past one parameter vector of this model is received at all.
         self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2,

@@ -334,8 +334,8 @@ class SecureContext:
             self._auth.start()
             self._auth.configure_curve_callback("*", credentials_provider=ClientKeyCheck(self.keys.allowed))
 
-    def server(self, kind: int, endpoint: str, **opts: int) -> zmq.Socket:
-        """A socket bound at `endpoint` that only job members can talk to; refusals are counted."""
+    def server(self, kind: int, endpoints: str | list[str], **opts: int) -> zmq.Socket:
+        """A socket bound at `endpoints` (one or more) that only job members can talk to; refusals are counted."""
         if not self.keys.server_secret:
             raise RuntimeError("this process holds no server key: it may not bind sockets")
         self._ensure_auth()
@@ -347,7 +347,8 @@ class SecureContext:
         watch = HandshakeWatch(sock, self._stop)
         watch.start()
         self._watches.append(watch)
-        sock.bind(endpoint)
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            sock.bind(ep)
         return sock
 
     def client(self, kind: int, endpoints: str | list[str], **opts: int) -> zmq.Socket:

@@ -54,8 +54,8 @@ class RoleContext:
         endpoints = json.loads(env["RLCTL_ENDPOINTS"])
         if env.get("RLCTL_CONTROL"):  # on a remote host: the SSH session's forward of the supervisor's socket
             endpoints["control"] = env["RLCTL_CONTROL"]
-        if env.get(WEIGHTS_VIA_ENV):  # a host with a relay: its processes subscribe there
-            endpoints["weights"] = env[WEIGHTS_VIA_ENV]
+        if env.get(WEIGHTS_VIA_ENV):  # a host with a relay: its processes subscribe there (a relay: to one above it)
+            endpoints["weights_root"], endpoints["weights"] = endpoints["weights"], env[WEIGHTS_VIA_ENV]
         if env.get(CONTROL_VIA_ENV):  # ... and send it their hellos and heartbeats, which it bundles
             endpoints["control"] = env[CONTROL_VIA_ENV]
         return cls(

@@ -4,7 +4,9 @@ evaluator or inference servers through a shared-memory board, and over a local s
 supervisor (rlctl.roles.report_bundle). Rank 0 then sends one copy of each version per host, and the supervisor
 takes one message per host and interval, not one per process and heartbeat.
 
-The plan starts one on every host other than rank 0's with more than one process that takes weights. It binds
+The plan starts one on every host other than rank 0's with more than one process that takes weights. Past
+`network.relay_fanout` relays they form a tree: the others take each version from a relay above them (bound at a
+TCP port of its host besides its Unix socket), or from rank 0 while that relay is out of reach. It binds
 two Unix sockets in the run's private folder; the host's processes subscribe to the first (RLCTL_WEIGHTS_VIA) and
 send their control messages to the second (RLCTL_CONTROL_VIA). They keep working while it is gone: they hold their
 weights (a restarted relay reuses its board file, and the next version reaches them as before), their reports
@@ -18,31 +20,82 @@ import os
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from rlctl import metric_names as M
 from rlctl.algos import build_model
 from rlctl.envs import probe_space_info
 from rlctl.net import wire
 from rlctl.net.control import BUNDLE
-from rlctl.net.weights import WeightPublisher, WeightSubscriber
+from rlctl.net.weights import PUBLISHER_IO_THREADS, WeightPublisher, WeightSubscriber
 from rlctl.models import flat_parameters
 from rlctl.roles.report_bundle import ReportBundle
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
 
 
-class WeightRelay:
-    """One version in from learner rank 0, handed on to this host's subscribers."""
+# A relay whose relay above it (in a tree of relays) has been out of reach this long takes the versions from learner
+# rank 0 meanwhile: a lost host's relay must not cut off the hosts below it.
+FALLBACK_S = 3.0
 
-    def __init__(self, net: wire.SecureContext, upstream: str, bind: str, name: str, board: str | None, model):
+
+def _peer(endpoint: str | bytes) -> str:
+    """An endpoint as the socket monitor names it: without a source address (`tcp://source;destination`)."""
+    text = endpoint.decode() if isinstance(endpoint, bytes) else endpoint
+    scheme, _, rest = text.partition("://")
+    return f"{scheme}://{rest.rpartition(';')[2]}"
+
+
+class UpstreamWatch:
+    """Whether a relay's subscription is connected to the relay above it; while it has not been for FALLBACK_S, the
+    subscription is also connected to learner rank 0 (`root`), and cut from it once the relay above is back.
+    Connects `sock` (unconnected: its first handshake must come after the monitor) to the relay above."""
+
+    def __init__(self, sock: zmq.Socket, parent: str, root: str, say=None):
+        self.sock, self.parent, self.root, self.say = sock, parent, root, say or (lambda text: None)
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.up, self.down_since, self.on_root = False, time.monotonic(), False
+        sock.connect(parent)
+
+    def check(self, now: float) -> None:
+        """Take the connection's events; connect to or cut from rank 0 as they say."""
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            if _peer(event["endpoint"]) != _peer(self.parent):
+                continue  # rank 0's connection
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.up = True
+            elif self.up:
+                self.up, self.down_since = False, now
+        if not self.up and not self.on_root and now - self.down_since >= FALLBACK_S:
+            self.sock.connect(self.root)
+            self.on_root = True
+            self.say(f"{self.parent} out of reach for {FALLBACK_S:g} s: taking the versions from learner rank 0 "
+                     f"at {self.root} meanwhile")
+        elif self.up and self.on_root:
+            self.sock.disconnect(self.root)
+            self.on_root = False
+            self.say(f"taking the versions from {self.parent} again")
+
+
+class WeightRelay:
+    """One version in from learner rank 0 (or, in a tree of relays, from the relay above), handed on to this host's
+    subscribers (and to the relays below)."""
+
+    def __init__(self, net: wire.SecureContext, upstream: str, bind: str | list[str], name: str, board: str | None,
+                 model, root: str | None = None, say=None):
         # The model gives the vector's size and dtype (a frame past one vector is refused) and holds the newest.
         self.model = model
-        self.upstream = WeightSubscriber(net, upstream, model)
+        below = bool(root) and root != upstream  # a relay below another, rank 0 its fallback
+        self.upstream = WeightSubscriber(net, [] if below else upstream, model)
+        self.watch = UpstreamWatch(self.upstream.sock, upstream, root, say) if below else None
         self.local = WeightPublisher(net, bind, name, board)
         self.relayed = 0
 
     def step(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for a new version and hand it on (to newcomers too: the current one); True when
         a new version went out."""
+        if self.watch is not None:
+            self.watch.check(time.monotonic())
         if self.upstream.sock.poll(timeout_ms) and self.upstream.poll():
             self._send()
             self.relayed += 1
@@ -122,13 +175,17 @@ def serve(weights: list[WeightRelay], gather: ControlGather, control: ControlCli
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """Relay every new version and bundle the host's control messages until stopped, with heartbeats."""
     set_torch_threads()
-    net = wire.SecureContext(rc.keys)
+    tree = rc.binds.get("weights_tree")  # relays below this one take the weights from here
+    # Each copy for a relay below is encrypted on its connection's I/O thread, as on learner rank 0.
+    net = wire.SecureContext(rc.keys, PUBLISHER_IO_THREADS if tree else 1)
     control = ControlClient(net, rc)
     gather = ControlGather(net, rc.binds["control"], control)
     model = build_model(rc.job, probe_space_info(rc.job.env))
-    relay = WeightRelay(net, rc.endpoints["weights"], rc.binds["weights"], rc.name, rc.weight_board, model)
+    relay = WeightRelay(net, rc.endpoints["weights"], [rc.binds["weights"], *([tree] if tree else [])], rc.name,
+                        rc.weight_board, model, root=rc.endpoints.get("weights_root"), say=rc.say)
     rc.say(f"relaying weights from {rc.endpoints['weights']} to this host's processes "
-           f"{'through shared memory ' + rc.weight_board if rc.weight_board else 'over a local socket'}, "
+           f"{'through shared memory ' + rc.weight_board if rc.weight_board else 'over a local socket'}"
+           f"{', and to relays below at ' + tree if tree else ''}, "
            f"and their control messages to the supervisor, pid {os.getpid()}")
     try:
         serve([relay], gather, control, stop)
