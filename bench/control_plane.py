@@ -62,10 +62,10 @@ Figures, per cell:
   fan-out, apart from the copies at the simulated collectors (each a real copy of the whole vector: 1,000 of 40 MB
   are ~4 s of CPU here, where a cluster makes each on a collector's own core).
 
-Last line: one JSON object, `relays` (true unless --no-relays), `relay_fanout`, keys `c<C>_h<H>_<figure>` (supervisor_cpu,
-control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s, weights_10m_p50_s,
-weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets: supervisor below 25% of
-one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
+Last line: one JSON object, `relays` (true unless --no-relays), `relay_fanout`, keys `c<C>_h<H>_<figure>`
+(supervisor_cpu, control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s,
+weights_10m_p50_s, weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets:
+supervisor below 25% of one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
 
 On a small machine every simulated host, the learner and the supervisor share the same cores: the figures then
 include their contention (a 1,000-collector cell on 2 cores measures an overloaded machine), and are noisy. The
@@ -295,7 +295,9 @@ def child_relay() -> None:
     from rlctl.roles.relay import ControlGather, WeightRelay, serve
 
     cfg, stop = child_setup(NICE_RELAY), stop_on_sigterm()
-    below = cfg["rank"] in relay_parents(cfg["hosts"], cfg["relay_fanout"])
+    # A tree of relays (rlctl.launch.plan.relay_tree): past the fanout, from the relay above, rank 0 its fallback.
+    parents = relay_parents(cfg["hosts"], cfg["relay_fanout"])
+    above, below = parents[cfg["rank"]], cfg["rank"] in parents
     net = wire.SecureContext(wire.CurveKeys.from_env(cfg["keys"]), PUBLISHER_IO_THREADS if below else 1)
     address, relay = cfg["address"], cfg["relay"]
     rc = RoleContext(role=Role.RELAY, rank=cfg["rank"], host=cfg["host"], run_id=cfg["run_id"],
@@ -304,12 +306,8 @@ def child_relay() -> None:
     control = ControlClient(net, rc)
     gather = ControlGather(net, relay["control"], control)
     root = {"1m": cfg["endpoints"]["weights"], "10m": cfg["weights_10m"]}
-    # A tree of relays (rlctl.launch.plan.relay_tree): past the fanout, from the relay above, rank 0 its fallback.
-    parents = relay_parents(cfg["hosts"], cfg["relay_fanout"])
-    above = parents[cfg["rank"]]
     upstream = {size: from_address(ep if above is None else tree_endpoint(cfg, above, size), address)
                 for size, ep in root.items()}
-    below = cfg["rank"] in parents
     report = net.ctx.socket(zmq.PUSH)
     report.setsockopt(zmq.LINGER, 0)
     report.connect(cfg["report"])
