@@ -313,7 +313,7 @@ def child_relay() -> None:
     report.connect(cfg["report"])
 
     class TimedRelay(WeightRelay):
-        """The product's relay, telling the bench when a new version came in from rank 0."""
+        """The product's relay, telling the bench when a new version came in (from rank 0, or the relay above)."""
 
         def __init__(self, size: str, hidden: list[int]):
             binds = [relay["weights"][size], *([tree_endpoint(cfg, cfg["rank"], size)] if below else [])]
