@@ -28,8 +28,8 @@ What runs, per cell (C collectors over H simulated hosts):
   a relay, its collectors' RLCTL_CONTROL_VIA naming its control socket): the product's relay loop
   (`rlctl.roles.relay.serve`) with one `WeightRelay` per model size (each its own board in /dev/shm and Unix
   socket) and its `ControlGather`. The host's collectors then read weights from its boards (a notice, then a copy
-  of the vector) and send their control messages to it. With more hosts than `--relay-fanout` (default 16, as
-  `network.relay_fanout`) the relays form the plan's tree (`rlctl.launch.plan.relay_parents`): the relays past the
+  of the vector) and send their control messages to it. With more hosts than `--relay-fanout` (default
+  `network.relay_fanout`'s, 16) the relays form the plan's tree (`rlctl.launch.plan.relay_parents`): the relays past the
   first F take each version from a relay above them, at its host's address, rank 0 their fallback.
 - The learner stand-in (learner-0, with the learner's keys: it binds): `ControlClient` heartbeats, and two real
   `WeightPublisher`s (no shared-memory board: every collector is on another host than rank 0), publishing when the
@@ -832,9 +832,14 @@ def main() -> None:
     ap.add_argument("--child-relay", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-relays", dest="relays", action="store_false",
                     help="every collector talks to the supervisor and learner rank 0 itself (the design before relays)")
-    ap.add_argument("--relay-fanout", type=int, default=16,
-                    help="relays that one sender hands a version to (network.relay_fanout; past it, a tree)")
+    ap.add_argument("--relay-fanout", type=int, default=None,
+                    help="relays that one sender hands a version to (default: network.relay_fanout's; past it, a "
+                         "tree)")
     args = ap.parse_args()
+    if args.relay_fanout is None:
+        from rlctl.job.spec import NetworkSpec
+
+        args.relay_fanout = NetworkSpec.model_fields["relay_fanout"].default
     if args.child_supervisor:
         sys.exit(child_supervisor(*args.child_supervisor))
     if args.child_host:
