@@ -93,7 +93,9 @@ def _recorder(video_dir: str, episodes: int):
 def quiet_offscreen_rendering() -> None:
     """Frames for videos are drawn off screen (pygame's SDL for the classic-control envs): no sound and no display
     are needed, and without these SDL probes for them and prints "XDG_RUNTIME_DIR is invalid" and ALSA's complaints
-    to stderr. A user's own choice of driver stays."""
+    to stderr; pygame's import would print its greeting to stdout (into `rlctl eval --json`'s output). A user's own
+    choice of driver stays."""
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
