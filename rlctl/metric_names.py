@@ -25,6 +25,7 @@ UPDATES = "learner/updates"
 UPDATES_PER_S = "learner/updates_per_s"
 SAMPLES_PER_S = "learner/samples_per_s"
 VERSION = "learner/version"
+WORLD = "learner/world"  # learner ranks in the group now (an elastic world shrinks and grows with its nodes)
 LEARNER_RESTARTS = "learner/restarts"  # torchrun's restarts of the learner ranks (each from the newest checkpoint)
 WAITING = "learner/waiting"
 DATA_WAIT_FRAC = "learner/data_wait_frac"  # share of the time the learner waited for samples or rollouts

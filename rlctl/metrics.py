@@ -28,6 +28,7 @@ class MetricsHub:
         self.episodes = 0
         self.new_episodes: list[float] = []  # since the last drain, for per-episode TensorBoard points
         self.learner_ranks: dict[int, dict] = {}
+        self.learner_worlds: list[tuple[float, int]] = []  # (when, ranks): each size the learner group took
 
     def on_heartbeat(self, name: str, role: str, metrics: dict) -> None:
         """Take one process's heartbeat."""
@@ -39,11 +40,21 @@ class MetricsHub:
         if role == Role.LEARNER:
             rank = int(metrics.get("rank", 0))
             self.learner_ranks[rank] = {**self.learner_ranks.get(rank, {}), **clean}
+            if rank == 0 and isinstance(clean.get(M.WORLD), int):
+                self._world(clean[M.WORLD])
         rets = [float(r) for r in returns if isinstance(r, (int, float))]
         self.returns.extend(rets)
         self.lengths.extend(float(x) for x in lengths if isinstance(x, (int, float)))
         self.episodes += len(rets)
         self.new_episodes.extend(rets)
+
+    def _world(self, world: int) -> None:
+        """Rank 0 reports a group of `world` ranks: a new size is recorded, and the ranks past it are gone."""
+        if self.learner_worlds and self.learner_worlds[-1][1] == world:
+            return
+        self.learner_worlds.append((time.time(), world))
+        for rank in [r for r in self.learner_ranks if r >= world]:
+            del self.learner_ranks[rank]
 
     def continue_from(self, env_steps: int, episodes: int) -> None:
         """A resumed run: count on from the env steps and episodes of the segments before."""

@@ -265,6 +265,17 @@ class HostLab:
             raise RuntimeError("take_down needs network namespaces: a loopback host shares its processes")
         _kill(_netns_pids(host.netns))
 
+    def bring_back(self, host: LabHost) -> None:
+        """A host taken down boots again: its sshd starts (nothing else of what ran there); returns once it takes
+        logins."""
+        self._start_sshd(host)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while subprocess.run(self._ssh_argv(host, extra=["-o", "ConnectTimeout=5"]) + ["true"],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"hostlab: {host.name}'s sshd not back after {START_TIMEOUT_S:.0f} s")
+            time.sleep(0.1)
+
     def __enter__(self) -> "HostLab":
         """Start the lab (if not started yet) and return it."""
         return self.start()

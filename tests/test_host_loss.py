@@ -173,6 +173,30 @@ def test_when_every_host_is_silent_or_a_learner_is_there_nothing_moves(tmp_path,
     table.watch.close()
 
 
+def test_an_elastic_learner_node_is_lost_with_its_host_and_starts_there_again_once_it_answers(tmp_path, answers):
+    """topology.min_learner_nodes = 1 with learners on h1 and h2: h2 silent is lost (its node goes with it, the run
+    goes on: the head's world re-forms without it); its probe answered, the node starts on h2 again to rejoin."""
+    from rlctl.supervise.process_table import ProcessTable
+
+    text = HOSTS.replace('name = "h2"\n', 'name = "h2"\nlearner = true\n')
+    spec = spec_of(tmp_path, text.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\n\n[logging]\n"))
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    node = table.by_name["learner-1"]
+    assert node.spec.host == "h2" and not node.spec.critical and table.by_name["learner-0"].spec.critical
+    hear(table, 100.0)
+    hear(table, 109.0, but="h2")
+    said = table.check_hosts(110.5)
+    # Its collectors move as ever; the learner node goes with the host.
+    assert len(said) == 1 and said[0].startswith("host h2 lost at ") and "collector-0 re-placed on h4" in said[0]
+    assert node.life.state is ProcState.LOST and node.spec.host == "h2"
+    answers.up = True
+    said = wait_said(table, 112.0)
+    assert said[1] == "learner-1 starts again on h2 and rejoins the learner group", said
+    assert node.life.state is ProcState.RESTARTING and node.life.note.startswith("host h2 back at ")
+    assert node in table.due(node.life.start_at) and node.spec.host == "h2"
+    table.watch.close()
+
+
 def hear(table, now: float, but: str = "") -> None:
     """Every process of the table heard from at `now`, but those on host `but`."""
     msg = SimpleNamespace(role="collector", pid=None, rank=0)
@@ -210,3 +234,27 @@ def test_status_and_the_live_view_show_a_lost_hosts_note_only_where_one_was_lost
     console.print(live_renderable({"status": "running", "processes": [], "host_rows": [ok, row]}))
     text = console.export_text()
     assert re.search(r"h3\s+ssh\s+lost\s+0/0\s+0\s+0\s+lost at 03:32:07; collector-1 re-placed on h2\n", text), text
+
+
+def test_the_learner_worlds_sizes_are_recorded_and_shown_once_it_changed(monkeypatch):
+    """Rank 0's heartbeats carry the group's size: each change is recorded (the ranks past a smaller world
+    forgotten), and `rlctl status` says "learner world 2 -> 1 (t) -> 2 (t)" once there was one."""
+    from rlctl import metric_names as M
+    from rlctl.metrics import MetricsHub
+    from rlctl.views.console import header_lines
+
+    hub, clock = MetricsHub(), iter([100.0, 160.0, 220.0])
+    monkeypatch.setattr("rlctl.metrics.time.time", lambda: next(clock))
+    hub.on_heartbeat("learner-1", "learner", {"rank": 1, M.WORLD: 2, M.UPDATES: 5})
+    hub.on_heartbeat("learner-0", "learner", {"rank": 0, M.WORLD: 2, M.UPDATES: 5})
+    hub.on_heartbeat("learner-0", "learner", {"rank": 0, M.WORLD: 2, M.UPDATES: 9})
+    assert hub.learner_worlds == [(100.0, 2)]
+    assert not any(line.startswith("learner world") for line in header_lines({"learner_worlds": [[100.0, 2]]}))
+    hub.on_heartbeat("learner-0", "learner", {"rank": 0, M.WORLD: 1, M.UPDATES: 12})
+    assert hub.learner_worlds == [(100.0, 2), (160.0, 1)] and set(hub.learner_ranks) == {0}
+    hub.on_heartbeat("learner-0", "learner", {"rank": 0, M.WORLD: 2, M.UPDATES: 20})
+    hub.on_heartbeat("learner-1", "learner", {"rank": 1, M.WORLD: 2, M.UPDATES: 20})
+    state = {"learner_worlds": [[t, w] for t, w in hub.learner_worlds]}
+    line = next(x for x in header_lines(state) if x.startswith("learner world"))
+    assert re.fullmatch(r"learner world 2 -> 1 \(\d\d:\d\d:\d\d\) -> 2 \(\d\d:\d\d:\d\d\)", line), line
+    assert set(hub.learner_ranks) == {0, 1}

@@ -513,6 +513,36 @@ def test_learner_nodes_with_their_own_process_counts(tmp_path):
         load_job(path)
 
 
+def test_elastic_learner_nodes_rendezvous_over_c10d_on_the_head_and_only_the_head_is_critical(tmp_path):
+    """topology.min_learner_nodes below the learner nodes: torchrun's elastic c10d rendezvous (`--nnodes MIN:MAX`),
+    its store on the head (is_host there only), each node's own address as its rendezvous address; the run ends
+    with the head's learner only. Rollout algorithms and a minimum above the nodes are refused."""
+    text = REMOTE_JOB.replace('name = "cpu-box"\n', 'name = "cpu-box"\nlearner = true\n')
+    path = tmp_path / "elastic.toml"
+    path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n"))
+    spec = load_job(path)
+    assert spec.elastic_learners
+    p = plan_of(spec)
+    head, second = (x for x in p.processes if x.role == "learner")
+    remote = shlex.split(second.argv[-1])
+    for argv, is_host, addr in ((head.argv, 1, "192.168.1.10"), (remote, 0, "cpu-box")):
+        assert arg_after(argv, "--nnodes") == "1:2" and arg_after(argv, "--rdzv-backend") == "c10d"
+        assert "--node-rank" not in argv and arg_after(argv, "--rdzv-endpoint") == p.endpoints["rendezvous"]
+        assert arg_after(argv, "--local-addr") == addr
+        assert arg_after(argv, "--rdzv-conf").startswith(f"is_host={is_host},")
+    assert (head.critical, second.critical) == (True, False)
+    path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 2\n"))
+    fixed = load_job(path)
+    assert not fixed.elastic_learners and all(x.critical for x in plan_of(fixed).processes if x.role == "learner")
+    path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 3\n"))
+    with pytest.raises(JobFileError, match="topology.min_learner_nodes: 3 is more than the job's 2 learner nodes"):
+        load_job(path)
+    rollouts = text.replace('name = "apex"', 'name = "appo"').replace("replay_shards = 2\n", "")
+    path.write_text(rollouts.replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n"))
+    with pytest.raises(JobFileError, match="min_learner_nodes: appo sends each collector's rollouts to one learner"):
+        load_job(path)
+
+
 def test_hosts_are_reached_where_their_ssh_destination_resolves(tmp_path):
     """Without advertise_address a host is reached at the host name ssh would connect to (`ssh -G`: aliases and
     HostName options resolved from the configuration, nothing contacted)."""
@@ -824,3 +854,25 @@ def test_init_refuses_bad_arguments_with_exit_2():
                        (["--hosts", "a,-oProxyCommand=x"], "hosts[1].address"), (["--hosts", "a,,b"], "empty host")):
         out = rlctl("init", *args)
         assert out.returncode == 2 and said in out.stderr and out.stdout == "", (args, out.stderr)
+
+
+def test_elastic_rendezvous_numbers_learner_nodes_in_plan_order_whatever_their_addresses(monkeypatch):
+    """torch's dynamic rendezvous ranks its participants in sorted order: rlctl's descriptors sort by plan node
+    first (so rank 0 is the head's while it takes part), and survive the pickling the agents share state by."""
+    import pickle
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from rlctl.launch.elastic import PlannedNode, PlannedNodeGenerator, rank_nodes_in_plan_order
+
+    head, second, third = PlannedNode("10.0.0.9", 50, 0, 0), PlannedNode("10.0.0.10", 7, 0, 1), \
+        PlannedNode("10.0.0.1", 3, 0, 2)
+    assert sorted([third, second, head]) == [head, second, third]
+    assert sorted(pickle.loads(pickle.dumps({third: 0, head: 0, second: 0}))) == [head, second, third]
+    monkeypatch.setenv("RLCTL_RANK", "1")
+    monkeypatch.setattr(dynamic_rendezvous.DynamicRendezvousHandler, "_node_desc_generator", None)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")  # recorded: undone after the test
+    rank_nodes_in_plan_order()
+    made = dynamic_rendezvous.DynamicRendezvousHandler._node_desc_generator
+    assert isinstance(made, PlannedNodeGenerator) and made.generate("10.0.0.10").node == 1
+    assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"

@@ -93,6 +93,20 @@ def _role_pid(run_id: str, role: str, rank: int) -> int | None:
     return None
 
 
+def _agent_pid(run_id: str, node: int) -> int | None:
+    """The torchrun agent of learner node `node` of the run."""
+    for pid in run_processes_anywhere(run_id):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RLCTL_RANK={node}".encode() in env and b"rlctl.launch.torchrun" in cmdline \
+                and b"rlctl.launch.remote" not in cmdline and b"RLCTL_ROLE=learner" in env:
+            return pid
+    return None
+
+
 def finished_state(runs: Path) -> tuple[dict, Path]:
     run_dir = only_run(runs)
     state = read_state(run_dir)
@@ -197,6 +211,56 @@ def test_two_learner_nodes_train_in_lockstep_over_ddp(lab, tmp_path):
     # Rank r's rollouts went to its own node's address.
     assert [ep.split("//")[1].rsplit(":", 1)[0] for ep in plan["endpoints"]["rollouts"]] == [
         lab.hosts[0].address, lab.hosts[1].address]
+
+
+ELASTIC_HEARTBEAT_S = 15.0  # h2 is lost after this much silence, then probed until its sshd is back
+
+
+def test_an_elastic_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, tmp_path):
+    """Ape-X with `topology.min_learner_nodes = 1` over two learner hosts (gloo DDP): h2 taken down mid-run (its sshd
+    and every process there SIGKILLed) leaves h1's rank alone in a world of 1, which goes on learning without the
+    supervisor restarting anything on h1; once h2's sshd is back its learner node starts there again and rejoins
+    (world 2), and the run reaches its target with both ranks' parameters equal."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    job = spread_job(lab, tmp_path, "apex", {0: {"learner": True, "replay_shards": 1, "evaluator": True,
+                                                 "collectors": 1}, 1: {"learner": True}, 2: {"collectors": 1}},
+                     name="ssh-elastic", lr="3e-4")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+                   + f"\n[logging]\nheartbeat_timeout_s = {ELASTIC_HEARTBEAT_S}\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h2 = runs / run_id, lab.hosts[1]
+    worlds = lambda: [w for _, w in read_state(run_dir).get("learner_worlds", [])]  # noqa: E731
+    wait_for(lambda: worlds() == [2] and read_state(run_dir)["metrics"].get("learner/updates", 0) > 50, 120,
+             what="both learner nodes updating")
+    head_agent = _agent_pid(run_id, 0)
+    lab.take_down(h2)
+    cut_at = time.time()
+    wait_for(lambda: worlds() == [2, 1], 60, what="a world of 1 on h1")
+    updates = read_state(run_dir)["metrics"]["learner/updates"]
+    wait_for(lambda: read_state(run_dir)["metrics"]["learner/updates"] > updates + 50, 60, what="h1 updating alone")
+    print(f"world of 1 updating {time.time() - cut_at:.1f} s after h2 went down")
+    lab.bring_back(h2)
+    wait_for(lambda: worlds() == [2, 1, 2], 120, what="h2's node back in a world of 2")
+    print(f"world of 2 again {time.time() - cut_at:.1f} s after h2 went down")
+    assert _agent_pid(run_id, 0) == head_agent
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "eval_return", state["exit_reason"]
+    procs = {p["name"]: p for p in state["processes"]}
+    # The supervisor restarted nothing on h1: torchrun's agent there re-formed the group, twice.
+    assert procs["learner-0"]["host"] == "h1" and not procs["learner-0"].get("note"), procs["learner-0"]
+    assert procs["learner-1"]["note"].startswith("host h2 back at "), procs["learner-1"]
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
+    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert re.search(r"host h2 lost at \S+: no word from its processes", log), log
+    assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
+    assert re.search(r"the learner group broke after update \d+", (run_dir / "logs" / "learner-0.log").read_text())
+    status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+    assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
 
 
 # ---------------------------------------------------------------------------------------------- stop, secrets

@@ -221,6 +221,11 @@ class TopologySpec(Section):
     learner_max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     """torchrun's `--max-restarts`: after a learner rank dies every rank starts again from the newest checkpoint;
     past this many the run fails."""
+    min_learner_nodes: Annotated[int, Field(ge=1, le=4096)] | None = None
+    """Elastic learners (torchrun's c10d rendezvous, `--nnodes MIN:MAX`): the learner goes on while this many of its
+    nodes remain. A node whose rank dies, or whose host is lost, leaves the group; the others re-form it and go on
+    from the last update (rank 0 saves it); the node rejoins when it (or its host) is back. Replay algorithms only.
+    Default: every learner node (a fixed world: a lost node restarts them all)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
     learner_threads: Annotated[int, Field(ge=0, le=1024)] = 0
@@ -523,6 +528,28 @@ class JobSpec(Section):
                     raise ValueError(f"hosts[{i}].advertise_address: {h.name!r} runs servers that remote hosts connect "
                                      "to; give the address they reach this machine at")
         return self
+
+    @model_validator(mode="after")
+    def _check_elastic(self) -> "JobSpec":
+        least, nodes = self.topology.min_learner_nodes, len(self.learner_node_procs)
+        if not self.hosts and self.cluster.scheduler == "slurm":
+            nodes = self.cluster.learner_nodes  # the allocation's hosts are placed at run time
+        if least is None:
+            return self
+        if least > nodes:
+            raise ValueError(f"topology.min_learner_nodes: {least} is more than the job's {nodes} learner node"
+                             f"{'s' if nodes > 1 else ''}")
+        if least < nodes and not self.data_path.elastic_ranks:
+            raise ValueError(f"topology.min_learner_nodes: {self.algorithm.name} sends each collector's rollouts to one "
+                             "learner rank, which a smaller world would leave unread; elastic learners need a replay "
+                             "algorithm (apex, r2d2)")
+        return self
+
+    @property
+    def elastic_learners(self) -> bool:
+        """Whether the learner nodes form an elastic world (topology.min_learner_nodes below their number)."""
+        least = self.topology.min_learner_nodes
+        return least is not None and least < len(self.learner_node_procs)
 
     @model_validator(mode="after")
     def _check_runnable(self) -> "JobSpec":

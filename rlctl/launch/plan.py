@@ -40,6 +40,9 @@ CRITICAL_ROLES = frozenset({Role.LEARNER})
 CHECKPOINT_ROLES = frozenset({Role.LEARNER, Role.EVALUATOR})
 # Roles that start again on another host when theirs is lost (re_placement): they bind nothing and keep no data.
 MOVABLE_ROLES = frozenset({Role.COLLECTOR, Role.EVALUATOR})
+# Elastic learners: how long a rendezvous that has its minimum of nodes waits for the others (at the start, and
+# after a node left), and the seconds between an agent's keep-alives (3 missed: the node is taken for dead).
+ELASTIC_LAST_CALL_S, ELASTIC_KEEP_ALIVE_S = 5, 1
 LOCAL_HOST = HostSpec(name="localhost", learner=True, evaluator=True)
 
 
@@ -251,8 +254,10 @@ class ProcessBuilder:
         secret = tuple(sorted(h.env))
         command = [py if a == "{python}" else a for a in (argv or ["{python}", "-m", module])]
         full = launcher_for(h).argv(h, command, env, self.control_port, frozenset(secret))
-        self.processes.append(ProcessSpec(name, role, rank, h.name, full, env, binds, role in CRITICAL_ROLES,
-                                          not h.is_local, secret, tuple(command)))
+        # An elastic world goes on without a node other than the head's: only the head's end ends the run.
+        critical = role in CRITICAL_ROLES and (h is self.head or not spec.elastic_learners)
+        self.processes.append(ProcessSpec(name, role, rank, h.name, full, env, binds, critical, not h.is_local,
+                                          secret, tuple(command)))
 
     def learner_threads(self, h: HostSpec, ranks: int) -> str:
         """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
@@ -269,8 +274,7 @@ class ProcessBuilder:
         spec, node_procs = self.spec, self.spec.learner_node_procs
         for node, h in enumerate(self.learner_nodes):
             argv = ["{python}", "-m", "rlctl.launch.torchrun",
-                    "--nnodes", str(len(self.learner_nodes)), "--nproc-per-node", str(node_procs[node]),
-                    "--node-rank", str(node), "--rdzv-backend", "static", "--rdzv-endpoint", rendezvous,
+                    "--nproc-per-node", str(node_procs[node]), *self.rendezvous_args(node, h, rendezvous),
                     "--rdzv-id", self.run_id, "--max-restarts", str(spec.topology.learner_max_restarts),
                     "--monitor-interval", "0.02",
                     "--start-method", "fork",
@@ -281,6 +285,21 @@ class ProcessBuilder:
             for rank in range(first, first + node_procs[node]):
                 binds.update(rank_binds.get(rank, {}))
             self.add(Role.LEARNER, node, h, ROLE_MODULES[Role.LEARNER], binds, argv)
+
+
+    def rendezvous_args(self, node: int, h: HostSpec, rendezvous: str) -> list[str]:
+        """torchrun's rendezvous options for learner node `node`: static (node ranks fixed), or elastic (c10d,
+        hosted by the head's agent; rlctl.launch.elastic numbers nodes in plan order, so rank 0 stays on the head
+        while it takes part)."""
+        nodes = len(self.learner_nodes)
+        if not self.spec.elastic_learners:
+            return ["--nnodes", str(nodes), "--node-rank", str(node), "--rdzv-backend", "static",
+                    "--rdzv-endpoint", rendezvous]
+        conf = {"is_host": int(node == 0), "last_call_timeout": ELASTIC_LAST_CALL_S,
+                "keep_alive_interval": ELASTIC_KEEP_ALIVE_S, "keep_alive_max_attempt": 3}
+        return ["--nnodes", f"{self.spec.topology.min_learner_nodes}:{nodes}", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rendezvous, "--local-addr", self.net.addr(h),
+                "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
 
 
 def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: str | None = None,

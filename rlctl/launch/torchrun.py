@@ -28,10 +28,11 @@ from torch.distributed.run import parse_args, run  # noqa: E402
 
 
 def bind_rendezvous_to_its_address() -> None:
-    """torchrun's static rendezvous store listens on every interface; make it listen on the rendezvous address only
-    (127.0.0.1 for a job on one machine), through a socket bound here and handed over (TCPStore master_listen_fd)."""
+    """torchrun's rendezvous store (static, or elastic c10d) listens on every interface; make it listen on the
+    rendezvous address only (127.0.0.1 for a job on one machine), through a socket bound here and handed over
+    (TCPStore master_listen_fd)."""
     from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous import static_tcp_rendezvous
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
 
     def store(host, port, world_size=None, is_master=False, *args, **kwargs):
         if is_master and "master_listen_fd" not in kwargs:
@@ -40,7 +41,7 @@ def bind_rendezvous_to_its_address() -> None:
             kwargs["master_listen_fd"] = listener.detach()  # the store owns the descriptor from here on
         return TCPStore(host, port, world_size, is_master, *args, **kwargs)
 
-    static_tcp_rendezvous.TCPStore = store
+    static_tcp_rendezvous.TCPStore = c10d_rendezvous_backend.TCPStore = store
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
                      grace_s=ORPHAN_GRACE_S + 0.5)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     bind_rendezvous_to_its_address()
+    if args.rdzv_backend == "c10d":
+        from rlctl.launch.elastic import rank_nodes_in_plan_order
+
+        rank_nodes_in_plan_order()
     if args.start_method == "fork" and torch.version.cuda is not None:
         # A CUDA build of torch: CUDA is unusable in a child forked after the agent touched it, so ranks start as
         # fresh processes.

@@ -29,6 +29,7 @@ from rlctl.optim import keep_optimizer_settings, optimizer_settings
 from rlctl.models import parameter_digest
 from rlctl.launch.netif import pin_collective_interface
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
+from rlctl.job.entry_points import one_line
 from rlctl.job.resolved import resolved_dict
 from rlctl.net.weights import PUBLISHER_IO_THREADS, WeightPublisher
 
@@ -189,7 +190,7 @@ class LearnerShell:
             # Only after a whole interval of waiting: a due heartbeat sent from here in a round's ordinary wait took
             # the place of the one after the update, which carries the losses and rates (a fast run reported none).
             if self.control.due() and time.monotonic() - since >= self.control.interval:
-                self.control.heartbeat({"rank": self.rank, M.UPDATES: self.updates, M.WAITING: 1,
+                self.control.heartbeat({"rank": self.rank, M.WORLD: self.world, M.UPDATES: self.updates, M.WAITING: 1,
                                         M.VERSION: self.version, M.LEARNER_RESTARTS: self.restarts,
                                         **self.source.metrics()})
             self.waiting.poll(50)
@@ -209,7 +210,20 @@ class LearnerShell:
         return bool(flag.item())
 
     def run(self) -> None:
-        """Update until the stop; then a last checkpoint and the final heartbeat."""
+        """Update until the stop; then a last checkpoint and the final heartbeat. In an elastic world a collective
+        that fails (a peer's node gone) ends the rank, and torchrun re-forms the group from the newest checkpoint:
+        rank 0 first saves the last update, so the group goes on from there rather than from the last interval's."""
+        try:
+            self.loop()
+        except RuntimeError as exc:  # gloo's and NCCL's errors (DistBackendError is one)
+            if self.rank == 0 and self.world > 1 and self.job.elastic_learners:
+                self.rc.say(f"the learner group broke after update {self.updates} ({one_line(exc)[:200]}); saving "
+                            "it for the group that re-forms")
+                self.checkpoint()
+            raise
+
+    def loop(self) -> None:
+        """Publish, then gather, agree and update until the stop."""
         self.publish()
         self.rc.say(f"{self.job.algorithm.name} rank {self.rank}/{self.world} on {self.device} "
                     f"({self.threads} torch thread{'s' if self.threads > 1 else ''}), "
@@ -257,7 +271,7 @@ class LearnerShell:
             self.rc.say(f"diverging after {self.updates} updates: {why}")
         self.diverging = why is not None
         self.control.heartbeat({
-            "rank": self.rank, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
+            "rank": self.rank, M.WORLD: self.world, **stats, M.DIVERGING: int(self.diverging), **self.source.metrics(),
             M.UPDATES: self.updates, M.VERSION: self.version, M.WAITING: 0, M.LEARNER_RESTARTS: self.restarts,
             M.NONFINITE_UPDATES: self.core.nonfinite_steps,
             M.UPDATES_PER_S: (self.updates - window.first_update) / dt,
@@ -285,16 +299,18 @@ class LearnerShell:
         self.net.close()
 
 
-def init_process_group(backend: str) -> None:
+def init_process_group(backend: str, elastic: bool) -> None:
     """The process group, its keys in the rendezvous store under this restart's own prefix: after torchrun
     restarted the ranks, the store still held the dead ranks' addresses, and a new rank connected to those
-    (gloo: "Connection refused") while its peer waited 30 s to be killed."""
+    (gloo: "Connection refused") while its peer waited 30 s to be killed. An elastic world's ranks have a store of
+    their own (rank 0's, new in each round: rlctl.launch.elastic) and no common restart count: a rejoining node's
+    agent counts from 0 again, and with the count in the prefix its rank and rank 0 waited for each other's keys."""
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=rank == 0 and not agent_store,
                           wait_for_workers=False)
-    prefix = f"rlctl/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    prefix = "rlctl/round" if elastic else f"rlctl/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world)
 
 
@@ -302,7 +318,7 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """The learner process: process group, shell, clean up."""
     device = learner_device(rc)
     pin_collective_interface()
-    init_process_group("nccl" if device.type == "cuda" else "gloo")
+    init_process_group("nccl" if device.type == "cuda" else "gloo", rc.job.elastic_learners)
     try:
         shell = LearnerShell(rc, stop, device)
         try:

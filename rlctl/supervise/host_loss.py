@@ -48,8 +48,8 @@ class HostLoss:
     def lost_line(self, host: str, start_at: float) -> str:
         """The supervisor's log line on the loss."""
         moves = ", ".join(f"{n} re-placed on {t}" for n, t in self.moved.items())
-        return (f"host {host} lost at {clock(self.lost_at)}: no word from its processes for {self.silent_s:.0f}s; "
-                f"{moves}, starting at {clock(start_at)}")
+        return (f"host {host} lost at {clock(self.lost_at)}: no word from its processes for {self.silent_s:.0f}s"
+                + (f"; {moves}, starting at {clock(start_at)}" if moves else ""))
 
     def back_line(self, host: str) -> str:
         """The supervisor's log line on the host's return."""

@@ -248,10 +248,15 @@ def last_word(h: ProcessHandle, relay: ProcessHandle | None) -> float | None:
     return max(h.last_heartbeat, relay.started_at) if relay.life.state is ProcState.RUNNING else None
 
 
-def lose_with_host(relays: list[ProcessHandle]) -> None:
-    """Weights relays of a lost host: their sessions cut, and lost with it (never moved: the processes moved take
-    weights from learner rank 0)."""
-    for h in relays:
+def host_bound(h: ProcessHandle) -> bool:
+    """A process that goes with its host, never moved: a weights relay (the processes moved take weights from
+    learner rank 0), and a learner node of an elastic world other than the head's (the group goes on without it)."""
+    return h.spec.role == Role.RELAY or (h.spec.role == Role.LEARNER and not h.spec.critical)
+
+
+def lose_with_host(bound: list[ProcessHandle]) -> None:
+    """The host-bound processes of a lost host: their sessions cut, and lost with it."""
+    for h in bound:
         if h.life.state is not ProcState.LOST:
             cut_session(h)
             h.life.lose()
@@ -382,15 +387,14 @@ class ProcessTable:
         silent = self.watch.silent(now)
         for host, silence in silent:
             mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
-            # A weights relay is its host's own: lost with it, never moved (the processes moved take weights from
-            # learner rank 0).
-            relays = [h for h in mine if h.spec.role == Role.RELAY]
-            mine = [h for h in mine if h.spec.role != Role.RELAY]
+            bound = [h for h in mine if host_bound(h)]
+            mine = [h for h in mine if not host_bound(h)]
             live = [h.spec for h in self.handles if h.life.state not in DONE
                     and (h.life.state is not ProcState.LOST or h.spec.host == host)]
             # Only hosts heard from lately take them: when every host is silent, the fault is on this side.
             where = re_placement(self.spec.hosts, live, self.lost_nodes | {name for name, _ in silent})
-            if not mine or any(h.spec.name not in where for h in mine):
+            elastic = any(h.spec.role == Role.LEARNER for h in bound)
+            if not (mine or elastic) or any(h.spec.name not in where for h in mine):
                 continue  # a learner or replay shard there, or no host left: the rules for each process apply
             loss = self.watch.lose(host, now, silence)
             self.lost_nodes.add(host)
@@ -403,11 +407,15 @@ class ProcessTable:
                 h.metrics = {}
                 self.on_restart(h.spec.name)
                 loss.moved[h.spec.name] = target.name
-            lose_with_host(relays)
+            lose_with_host(bound)
             said.append(loss.lost_line(host, start_at))
         for host, loss in self.watch.answered():
             self.lost_nodes.discard(host)
             said.append(loss.back_line(host))
+            for h in self.handles:  # an elastic learner node rejoins the group from its host
+                if h.spec.host == host and h.spec.role == Role.LEARNER and h.life.state is ProcState.LOST:
+                    h.life.readmitted(host, loss.back_at)
+                    said.append(f"{h.spec.name} starts again on {host} and rejoins the learner group")
         return said
 
     def _can_lose(self, h: ProcessHandle) -> bool:
@@ -416,6 +424,8 @@ class ProcessTable:
         weights relay there is given up too: its host's processes keep the weights they hold."""
         if h.spec.role == Role.RELAY:
             return h.spec.remote and h.last_exit == SSH_FAILED
+        if h.spec.role == Role.LEARNER:
+            return not h.spec.critical  # a node of an elastic world: the others go on without it
         others = [o for o in self.handles if o.spec.role == Role.COLLECTOR and o is not h]
         return (h.spec.role == Role.COLLECTOR and h.spec.remote and h.last_exit == SSH_FAILED
                 and not self.spec.algorithm_entry.synchronous

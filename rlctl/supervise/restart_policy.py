@@ -10,6 +10,7 @@ speak, fall silent and end, and carries out what they decide: kills and starts.
     alive --ended--> RESTARTING --start--> STARTING           (alive: STARTING, RUNNING, HUNG, RANKS_RESTARTING)
     alive --moved / restarted with--> RESTARTING              (a lost Slurm node; another learner node's end)
     RESTARTING or LOST --moved--> RESTARTING                  (its host lost: starts on another one)
+    LOST --readmitted--> RESTARTING                           (its host answers again: an elastic learner node)
     alive --gave up--> FAILED    alive --lose--> LOST         alive or RESTARTING --stop--> STOPPED
 """
 
@@ -73,6 +74,7 @@ class Event(enum.Enum):
     START = "start"  # its backoff has passed: started again
     GAVE_UP = "gave up"  # exited with no restart left
     LOSE = "lose"  # exited, and the run goes on without it
+    READMITTED = "readmitted"  # lost with its host, which answers again: starts there again
     STOP = "stop"  # the run's shutdown ended it
 
 
@@ -94,6 +96,7 @@ TRANSITIONS: dict[tuple[ProcState, Event], ProcState] = {
     (_S.RESTARTING, _E.MOVED): _S.RESTARTING,  # its host was lost while it waited for its backoff
     (_S.RESTARTING, _E.LOSE): _S.LOST,  # the same, for a process that goes with its host (a weights relay)
     (_S.LOST, _E.MOVED): _S.RESTARTING,  # given up on its host (sessions failing), then that host was lost
+    (_S.LOST, _E.READMITTED): _S.RESTARTING,
     (_S.RESTARTING, _E.STOP): _S.STOPPED,
     (_S.FAILED, _E.STOP): _S.FAILED,
     (_S.LOST, _E.STOP): _S.LOST,
@@ -223,6 +226,12 @@ class Lifecycle:
         by every node at once)."""
         self.note = f"restarted with {other} at {clock(now)}"
         self._restart(Event.RESTARTED_WITH, start_at)
+
+    def readmitted(self, host: str, now: float) -> None:
+        """It was lost with `host`, which answers again: it starts there at once (an elastic learner node, which
+        rejoins the group)."""
+        self.note = f"host {host} back at {clock(now)}; started there again"
+        self._restart(Event.READMITTED, now)
 
     def _restart(self, event: Event, start_at: float) -> None:
         self.ranks_killed_at = None  # its ranks go with it

@@ -148,6 +148,7 @@ class RunState:
             "stopped_by": self.stopped_by, "failure": self.failure, "hosts": [h["name"] for h in self.plan.hosts], "host_rows": self.host_rows(),
             "processes": [process_row(h) for h in self.table.handles], "metrics": self.sink.figures(),
             "learner_ranks": {str(r): v for r, v in sorted(hub.learner_ranks.items())},
+            "learner_worlds": [[round(t, 3), w] for t, w in hub.learner_worlds],
             "segments": self.segments + [{"started_at": self.segment_started_at, "ended_at": self.ended_at}],
             "stop": self.spec.job.stop.model_dump(), "episodes_seen": hub.episodes,
             "return_history": list(self.sink.return_history),

@@ -352,7 +352,20 @@ def header_lines(state: dict, now: float | None = None, width: int | None = None
     diverging = divergence_text(metrics)
     if diverging:
         lines.append(diverging)
+    worlds = world_text(state)
+    if worlds:
+        lines.append(worlds)
     return lines
+
+
+def world_text(state: dict) -> str | None:
+    """How the learner group's size changed (an elastic world that lost and took back nodes), or None while it
+    never did: "learner world 2 -> 1 (10:02:03) -> 2 (10:03:10)"."""
+    worlds = [w for w in state.get("learner_worlds") or [] if isinstance(w, list) and len(w) == 2]
+    if len(worlds) < 2:
+        return None
+    return "learner world " + " -> ".join([str(worlds[0][1])]
+                                          + [f"{w} ({_local_time(t)[-8:]})" for t, w in worlds[1:]])
 
 
 def fit_parts(parts: list[str], width: int | None, sep: str = " | ") -> list[str]:
