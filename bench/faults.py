@@ -20,6 +20,11 @@ the slowest of them), split into the silence before the host is lost and the res
 have ended itself, session_timeout_s + 5 s, and the collectors' start); then the interface comes back and the host
 is re-admitted before the next round.
 
+Then, over SSH test hosts, `--learner-node-rounds` times: the Ape-X job with `topology.min_learner_nodes = 1` and
+learner nodes on h1 and h2, h2 taken down (sshd and every process there SIGKILLed) -> the head's first update in the
+world left (its `first_update`), the updates it lost (its last before the break minus the checkpoint it went on from),
+and h2's sshd back -> the heartbeat that reports a world of 2 again.
+
 Then, on a test Slurm cluster (tests/slurmlab.py: three nodes; needs root and slurm-wlm, else skipped),
 `--preempt-rounds` times: an `rlctl run --sbatch` of jobs/apex-slurm.toml requeued mid-run by `scontrol requeue` ->
 its first update in the next allocation (the lab lets a requeued job start again after 10 s; Slurm's default is
@@ -27,7 +32,8 @@ its first update in the next allocation (the lab lets a requeued job start again
 transitions that did not come back (the shard's snapshot written at the preemption minus the one it loaded).
 
 Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...,
-"host_loss_to_step_s": ..., "preempt_to_update_s": ..., "preempt_updates_lost": ..., "preempt_replay_lost": ...}
+"host_loss_to_step_s": ..., "learner_node_loss_to_update_s": ...,
+"learner_node_rejoin_s": ..., "learner_node_updates_lost": ..., "preempt_to_update_s": ..., "preempt_updates_lost": ..., "preempt_replay_lost": ...}
 """
 
 from __future__ import annotations
@@ -175,6 +181,59 @@ def host_loss(rounds: int) -> list[tuple[float, float]] | None:
         return out
 
 
+def learner_node_job(lab, workdir: Path) -> str:
+    """The Ape-X job with elastic learners on lab hosts h1 (the head: learner, shard, a collector) and h2 (a learner
+    node), a collector on h3, running until stopped."""
+    text = re.sub(r"(?m)^(collectors|evaluator) = .*\n", "", job_text())
+    text = text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+    for i, counts in enumerate([{"learner": True, "replay_shards": 1, "collectors": 1}, {"learner": True},
+                                {"collectors": 1}]):
+        (workdir / f"h{i + 1}").mkdir(exist_ok=True)
+        text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir / f"h{i + 1}"), **counts)
+    return text
+
+
+def worlds(run_dir: Path) -> list[list]:
+    """The learner group's sizes so far, [time, ranks] each."""
+    return state(run_dir).get("learner_worlds", [])
+
+
+def learner_node_loss(rounds: int) -> list[tuple[float, float, int]] | None:
+    """Per round: seconds from a learner node's host taken down (sshd and every process there SIGKILLed) to the
+    head's first update in the world left, seconds from its sshd back to a world of 2 again, and the updates the
+    head's rank lost (made before the break, not in the checkpoint it went on from). None without the lab."""
+    from hostlab import HostLab
+
+    with tempfile.TemporaryDirectory() as tmp, HostLab(Path(tmp), 3).start() as lab:
+        if not lab.netns:
+            print(f"learner node loss: skipped (no network namespaces: {lab.netns_error})", flush=True)
+            return None
+        job, runs, log = Path(tmp) / "apex.toml", Path(tmp) / "runs", Path(tmp) / "rlctl-elastic.out"
+        job.write_text(learner_node_job(lab, Path(tmp)))
+        sup = start(["run", str(job), "--runs-dir", str(runs)], log)
+        run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        out = []
+        for _ in range(rounds):
+            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, 500), 180,
+                 "a world of 2 learning")
+            sizes, t0 = len(worlds(run_dir)), time.time()
+            lab.take_down(lab.hosts[1])
+            t1 = wait(lambda: first_event_after(run_dir, "learner-0", "first_update", t0), 120, "the world of 1")
+            lines = (run_dir / "logs" / "learner-0.log").read_text()
+            broke = int(re.findall(r"the learner group broke after update (\d+)", lines)[-1])
+            resumed = events.first(run_dir / "logs" / "learner-0.log", "resumed", after=t0)["update"]
+            lab.bring_back(lab.hosts[1])
+            t2 = time.time()
+            t3 = wait(lambda: len(worlds(run_dir)) >= sizes + 2 and worlds(run_dir)[-1][1] == 2 and worlds(run_dir)[-1][0],
+                      180, "a world of 2 again")
+            out.append((t1 - t0, t3 - t2, broke - resumed))
+            print(f"learner node's host taken down: the head's first update in a world of 1 after {t1 - t0:.1f} s "
+                  f"({broke - resumed} updates lost); sshd back: a world of 2 after {t3 - t2:.1f} s", flush=True)
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 30)
+        return out
+
+
 def last_event(log: Path, name: str, after: float, before: float):
     """The last `name` event in `log` stamped between `after` and `before` (None if there is none)."""
     found = [e for e in events.read(log) if e.name == name and after < (e.ts or 0) < before]
@@ -280,10 +339,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--host-loss-rounds", type=int, default=2, help="rounds over SSH test hosts (0: none)")
+    ap.add_argument("--learner-node-rounds", type=int, default=2, help="elastic learner rounds over SSH test hosts")
     ap.add_argument("--preempt-rounds", type=int, default=2, help="rounds on a test Slurm cluster (0: none)")
     args = ap.parse_args()
     out = local_faults(args.rounds)
     hosts = host_loss(args.host_loss_rounds) if args.host_loss_rounds > 0 else None
+    nodes = learner_node_loss(args.learner_node_rounds) if args.learner_node_rounds > 0 else None
     preempts = preemption(args.preempt_rounds) if args.preempt_rounds > 0 else None
     result = {"bench": "faults", "rounds": args.rounds,
               "collector_recover_s": median(out["collector"]),
@@ -292,16 +353,22 @@ def main() -> None:
               "host_loss_to_step_s": median(t for t, _ in hosts or []),
               "host_loss_detect_s": median(d for _, d in hosts or []),
               "host_loss_heartbeat_timeout_s": HOST_LOSS_HEARTBEAT_S,
+              "learner_node_loss_to_update_s": median(t for t, _, _ in nodes or []),
+              "learner_node_rejoin_s": median(r for _, r, _ in nodes or []),
+              "learner_node_updates_lost": max(u for _, _, u in nodes) if nodes else None,
               "preempt_to_update_s": median(t for t, _, _ in preempts or []),
               "preempt_updates_lost": max(u for _, u, _ in preempts) if preempts else None,
               "preempt_replay_lost": max(r for _, _, r in preempts) if preempts else None,
               "all_s": {**{k: [round(x, 3) for x in v] for k, v in out.items()},
                         "host_loss": [round(t, 3) for t, _ in hosts or []],
+                        "learner_node_loss": [round(t, 3) for t, _, _ in nodes or []],
                         "preempt": [round(t, 3) for t, _, _ in preempts or []]}}
     print(f"median seconds: collector kill -> first batch {result['collector_recover_s']}, learner kill -> first "
           f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}, "
           f"collector host cut off -> its collectors stepping elsewhere {result['host_loss_to_step_s']} "
-          f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g}), Slurm requeue -> first update in the next allocation "
+          f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g}), learner node's host lost -> the head's next update "
+          f"{result['learner_node_loss_to_update_s']} (updates lost {result['learner_node_updates_lost']}; back -> "
+          f"world of 2 {result['learner_node_rejoin_s']}), Slurm requeue -> first update in the next allocation "
           f"{result['preempt_to_update_s']} (updates lost {result['preempt_updates_lost']}, replay transitions lost "
           f"{result['preempt_replay_lost']})")
     print(json.dumps(result))

@@ -197,6 +197,28 @@ def test_an_elastic_learner_node_is_lost_with_its_host_and_starts_there_again_on
     table.watch.close()
 
 
+def test_an_elastic_learner_node_whose_host_ssh_cannot_reach_loses_the_host_at_once(tmp_path, answers):
+    """An elastic learner node alone on its host, its session ended by ssh (255) with no restart left: the host is
+    lost then and there (probed from now on), not a heartbeat timeout later."""
+    from rlctl.supervise.process_table import ProcessTable
+
+    text = HOSTS.replace('name = "h2"\ncollectors = 2\n', 'name = "h2"\nlearner = true\n')
+    text = text.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\nmax_restarts = 0\n\n[logging]\n")
+    spec = spec_of(tmp_path, text)
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    node = table.by_name["learner-1"]
+    hear(table, 100.0)
+    node.popen = subprocess.Popen(["sh", "-c", "exit 255"], stdin=subprocess.PIPE, start_new_session=True)
+    node.popen.wait()
+    assert table.reap() is None and node.life.state is ProcState.LOST and node.lost_sessions == 1
+    assert "h2" in table.watch.lost and "h2" in table.lost_nodes
+    said = table.check_hosts(101.0)
+    assert len(said) == 1 and said[0].startswith("host h2 lost at ") and "re-placed" not in said[0], said
+    answers.up = True
+    assert wait_said(table, 102.0)[1] == "learner-1 starts again on h2 and rejoins the learner group"
+    table.watch.close()
+
+
 def hear(table, now: float, but: str = "") -> None:
     """Every process of the table heard from at `now`, but those on host `but`."""
     msg = SimpleNamespace(role="collector", pid=None, rank=0)

@@ -299,8 +299,9 @@ class LoggingSpec(Section):
     """Besides the newest, keep every Kth checkpoint (0 = newest only)."""
     heartbeat_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 60.0
     """A running process silent this long (frozen, deadlocked, stopped with SIGSTOP) is hung: it is killed and
-    restarted like one that died (a learner rank through torchrun). An SSH host running only collectors and the
-    evaluator, all silent this long, is lost: they start again on the other hosts."""
+    restarted like one that died (a learner rank through torchrun). An SSH host running only collectors, the
+    evaluator and learner nodes of an elastic world (not the head), all silent this long, is lost: the collectors and
+    evaluator start again on the other hosts, the learner node there again once the host answers."""
     wandb: WandbSpec | None = None
     """Mirror the run's scalars to Weights & Biases: `{ project = "...", mode = "offline" }` (needs the wandb
     extra); unset: TensorBoard only."""

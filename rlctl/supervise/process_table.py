@@ -277,7 +277,7 @@ class ProcessTable:
         self.slurm_job = next((h.slurm_job for h in spec.hosts if h.slurm_job is not None), None)
         self.lost_nodes: set[str] = set()  # and the SSH hosts lost now (self.watch)
         self.watch, self.control_port = HostWatch(spec, plan.run_id), int(plan.endpoints["control"].rsplit(":")[-1])
-        self.next_ping = 0.0
+        self.next_ping, self.said = 0.0, []  # said: lines for the supervisor's log, from between two check_hosts
         # Relays by the control socket they bind: a process whose CONTROL_VIA names one reports through it.
         self.relays = {h.spec.binds["control"]: h for h in self.of_role(Role.RELAY) if "control" in h.spec.binds}
 
@@ -313,8 +313,7 @@ class ProcessTable:
                     return self._cannot_start(h, h.pump.startup_failure)
                 continue
             h.exit_code = h.last_exit = code
-            if h.spec.remote and code == SSH_FAILED:
-                h.lost_sessions += 1
+            h.lost_sessions += int(h.spec.remote and code == SSH_FAILED)
             if h.pump:
                 h.pump.join(timeout=2)
             cause = h.pump.startup_failure if h.pump is not None else None
@@ -351,6 +350,8 @@ class ProcessTable:
             h.life.lose()
             h.metrics = {}
             h.rate_samples.clear()
+            if host_bound(h) and h.spec.role == Role.LEARNER and h.last_exit == SSH_FAILED:
+                self._lose_unreachable(h.spec.host, now)
             return None
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
@@ -383,7 +384,7 @@ class ProcessTable:
         """An SSH host silent past the heartbeat timeout is lost: its collectors and evaluator start on the hosts
         left, once a copy still running there has ended itself; a lost host that answers again is re-admitted.
         Lines for the supervisor's log."""
-        said = []
+        said, self.said = self.said, []
         silent = self.watch.silent(now)
         for host, silence in silent:
             mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
@@ -417,6 +418,15 @@ class ProcessTable:
                     h.life.readmitted(host, loss.back_at)
                     said.append(f"{h.spec.name} starts again on {host} and rejoins the learner group")
         return said
+
+    def _lose_unreachable(self, host: str, now: float) -> None:
+        """An elastic learner node's host, unreachable over SSH and running nothing else of the run: lost now, not
+        after the heartbeat timeout, so that it is probed (and the node rejoins as soon as it answers) at once."""
+        others = any(o.spec.host == host and o.life.alive and not host_bound(o) for o in self.handles)
+        if host not in self.watch.lost and not others:
+            self.lost_nodes.add(host)
+            loss = self.watch.lose(host, now, now - self.watch.last_heard.get(host, now))
+            self.said.append(loss.lost_line(host, now))
 
     def _can_lose(self, h: ProcessHandle) -> bool:
         """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
