@@ -286,7 +286,6 @@ class ProcessBuilder:
                 binds.update(rank_binds.get(rank, {}))
             self.add(Role.LEARNER, node, h, ROLE_MODULES[Role.LEARNER], binds, argv)
 
-
     def rendezvous_args(self, node: int, h: HostSpec, rendezvous: str) -> list[str]:
         """torchrun's rendezvous options for learner node `node`: static (node ranks fixed), or elastic (c10d,
         hosted by the head's agent; rlctl.launch.elastic numbers nodes in plan order, so rank 0 stays on the head

@@ -8,6 +8,7 @@ heartbeats. The algorithm's `LearnerCore` (rlctl.algos) turns each batch into on
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
 import os
@@ -299,7 +300,7 @@ class LearnerShell:
         self.net.close()
 
 
-def init_process_group(backend: str, elastic: bool) -> None:
+def init_process_group(backend: str, elastic: bool, heartbeat_timeout_s: float) -> None:
     """The process group, its keys in the rendezvous store under this restart's own prefix: after torchrun
     restarted the ranks, the store still held the dead ranks' addresses, and a new rank connected to those
     (gloo: "Connection refused") while its peer waited 30 s to be killed. An elastic world's ranks have a store of
@@ -311,14 +312,21 @@ def init_process_group(backend: str, elastic: bool) -> None:
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=rank == 0 and not agent_store,
                           wait_for_workers=False)
     prefix = "rlctl/round" if elastic else f"rlctl/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world)
+    # An elastic world must notice a peer cut off by the network (no connection reset arrives): its collectives give
+    # up after half the heartbeat timeout, not torch's 30 minutes (the supervisor would take the silent rank for
+    # hung first), and the group re-forms without it. Ranks wait for each other only as long as their data takes
+    # to come, and replay shards serve every rank at the same pace.
+    seconds = max(heartbeat_timeout_s / 2, 10.0)
+    timeout = {"timeout": datetime.timedelta(seconds=seconds)} if elastic else {}
+    dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, **timeout)
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """The learner process: process group, shell, clean up."""
     device = learner_device(rc)
     pin_collective_interface()
-    init_process_group("nccl" if device.type == "cuda" else "gloo", rc.job.elastic_learners)
+    init_process_group("nccl" if device.type == "cuda" else "gloo", rc.job.elastic_learners,
+                       rc.job.logging.heartbeat_timeout_s)
     try:
         shell = LearnerShell(rc, stop, device)
         try:
