@@ -313,10 +313,10 @@ def init_process_group(backend: str, elastic: bool, heartbeat_timeout_s: float) 
                           wait_for_workers=False)
     prefix = "rlctl/round" if elastic else f"rlctl/restart-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     # An elastic world must notice a peer cut off by the network (no connection reset arrives): its collectives give
-    # up after half the heartbeat timeout, not torch's 30 minutes (the supervisor would take the silent rank for
-    # hung first), and the group re-forms without it. Ranks wait for each other only as long as their data takes
-    # to come, and replay shards serve every rank at the same pace.
-    seconds = max(heartbeat_timeout_s / 2, 10.0)
+    # up after a third of the heartbeat timeout, not torch's 30 minutes, so that the group has re-formed without it
+    # (about 8 s more) before the supervisor would take the silent head for hung. Ranks wait for each other only as
+    # long as their data takes to come, and replay shards serve every rank at the same pace.
+    seconds = max(heartbeat_timeout_s / 3, 10.0)
     timeout = {"timeout": datetime.timedelta(seconds=seconds)} if elastic else {}
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, **timeout)
 
