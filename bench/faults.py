@@ -39,6 +39,7 @@ Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -142,25 +143,41 @@ def host_row(run_dir: Path, name: str) -> dict:
     return next((h for h in state(run_dir).get("host_rows", []) if h.get("name") == name), {})
 
 
-def host_loss(rounds: int) -> list[tuple[float, float]] | None:
-    """Per round: seconds from a collector host's interface going down to its collectors' first env step on the
-    host left, and of those, the silence before the host was lost. None where the lab cannot cut a host off."""
+@contextlib.contextmanager
+def lab_run(what: str, make_job):
+    """A run of the job `make_job(lab, workdir)` writes, on three SSH test hosts (tests/hostlab.py), attached and
+    stopped on leaving: yields (lab, run directory), or None where the lab cannot cut a host off."""
     from hostlab import HostLab
 
     with tempfile.TemporaryDirectory() as tmp, HostLab(Path(tmp), 3).start() as lab:
         if not lab.netns:
-            print(f"host loss: skipped (no network namespaces: {lab.netns_error})", flush=True)
+            print(f"{what}: skipped (no network namespaces: {lab.netns_error})", flush=True)
+            yield None
+            return
+        job, runs = Path(tmp) / "job.toml", Path(tmp) / "runs"
+        job.write_text(make_job(lab, Path(tmp)))
+        sup = start(["run", str(job), "--runs-dir", str(runs)], Path(tmp) / "rlctl.out")
+        try:
+            yield lab, wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        finally:
+            sup.send_signal(signal.SIGTERM)
+            sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 30)
+
+
+def host_loss(rounds: int) -> list[tuple[float, float]] | None:
+    """Per round: seconds from a collector host's interface going down to its collectors' first env step on the
+    host left, and of those, the silence before the host was lost. None where the lab cannot cut a host off."""
+    with lab_run("host loss", host_loss_job) as ran:
+        if ran is None:
             return None
-        job, runs, log = Path(tmp) / "appo.toml", Path(tmp) / "runs", Path(tmp) / "rlctl-hosts.out"
-        job.write_text(host_loss_job(lab, Path(tmp)))
-        sup = start(["run", str(job), "--runs-dir", str(runs)], log)
-        run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        lab, run_dir = ran
         out = []
         for _ in range(rounds):
             wait(lambda: (procs := state(run_dir).get("processes")) and all(p["state"] == "running" for p in procs),
                  120, "every process running")
             victim = row(run_dir, "collector-1")["host"]
-            moving = [p["name"] for p in state(run_dir)["processes"] if p["host"] == victim]
+            # Its collectors move; its weights relay is lost with it.
+            moving = [p["name"] for p in state(run_dir)["processes"] if p["host"] == victim and p["role"] != "relay"]
             netns = lab.hosts[int(victim[1:]) - 1].netns
             t0 = time.time()
             subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "down"], check=True)
@@ -176,8 +193,6 @@ def host_loss(rounds: int) -> list[tuple[float, float]] | None:
                   f"after {max(steps) - t0:.1f} s", flush=True)
             wait(lambda: ((host_row(run_dir, victim).get("loss") or {}).get("back_at") or 0) > t0, 120,
                  f"{victim} back")
-        sup.send_signal(signal.SIGTERM)
-        sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 30)
         return out
 
 
@@ -202,16 +217,10 @@ def learner_node_loss(rounds: int) -> list[tuple[float, float, int]] | None:
     """Per round: seconds from a learner node's host taken down (sshd and every process there SIGKILLed) to the
     head's first update in the world left, seconds from its sshd back to a world of 2 again, and the updates the
     head's rank lost (made before the break, not in the checkpoint it went on from). None without the lab."""
-    from hostlab import HostLab
-
-    with tempfile.TemporaryDirectory() as tmp, HostLab(Path(tmp), 3).start() as lab:
-        if not lab.netns:
-            print(f"learner node loss: skipped (no network namespaces: {lab.netns_error})", flush=True)
+    with lab_run("learner node loss", learner_node_job) as ran:
+        if ran is None:
             return None
-        job, runs, log = Path(tmp) / "apex.toml", Path(tmp) / "runs", Path(tmp) / "rlctl-elastic.out"
-        job.write_text(learner_node_job(lab, Path(tmp)))
-        sup = start(["run", str(job), "--runs-dir", str(runs)], log)
-        run_dir = wait(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run directory")
+        lab, run_dir = ran
         out = []
         for _ in range(rounds):
             wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, 500), 180,
@@ -229,8 +238,6 @@ def learner_node_loss(rounds: int) -> list[tuple[float, float, int]] | None:
             out.append((t1 - t0, t3 - t2, broke - resumed))
             print(f"learner node's host taken down: the head's first update in a world of 1 after {t1 - t0:.1f} s "
                   f"({broke - resumed} updates lost); sshd back: a world of 2 after {t3 - t2:.1f} s", flush=True)
-        sup.send_signal(signal.SIGTERM)
-        sup.wait(timeout=_children.SUPERVISOR_GRACE_S + 30)
         return out
 
 
