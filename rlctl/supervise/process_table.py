@@ -350,7 +350,7 @@ class ProcessTable:
             h.life.lose()
             h.metrics = {}
             h.rate_samples.clear()
-            if host_bound(h) and h.spec.role == Role.LEARNER and h.last_exit == SSH_FAILED:
+            if h.spec.role == Role.LEARNER and h.last_exit == SSH_FAILED:
                 self._lose_unreachable(h.spec.host, now)
             return None
         h.life.give_up()
@@ -382,8 +382,8 @@ class ProcessTable:
 
     def check_hosts(self, now: float) -> list[str]:
         """An SSH host silent past the heartbeat timeout is lost: its collectors and evaluator start on the hosts
-        left, once a copy still running there has ended itself; a lost host that answers again is re-admitted.
-        Lines for the supervisor's log."""
+        left once a copy still running there has ended itself (its relay and elastic learner node are lost with it);
+        a lost host that answers again is re-admitted, and that learner node starts there again. Log lines."""
         said, self.said = self.said, []
         silent = self.watch.silent(now)
         for host, silence in silent:
@@ -430,8 +430,8 @@ class ProcessTable:
 
     def _can_lose(self, h: ProcessHandle) -> bool:
         """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
-        remain; synchronous PPO waits for every collector's rollout each round, so it cannot go on without one. A
-        weights relay there is given up too: its host's processes keep the weights they hold."""
+        remain (synchronous PPO needs every collector's rollout each round); so is a relay there (its host's processes
+        keep their weights), and an elastic world's learner node (not the head's) whatever ended it."""
         if h.spec.role == Role.RELAY:
             return h.spec.remote and h.last_exit == SSH_FAILED
         if h.spec.role == Role.LEARNER:
