@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 
 import numpy as np
@@ -352,3 +354,47 @@ def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_i
     assert again.relayed >= 1
     again_net.close()
     child_net.close()
+
+
+def _cut_from_rank_0_with_a_version_half_read(folder: str) -> None:
+    """relay-1 on rank 0 (relay-0 gone), relay-0 back, and a version from rank 0 whose first frame a poll took (as
+    the relay's loop polls) when relay-1's next step cuts it from rank 0."""
+    from rlctl.roles import relay as relay_mod
+    from rlctl.roles.relay import WeightRelay
+
+    relay_mod.FALLBACK_S = 0.3
+    net = wire.SecureContext(wire.CurveKeys.generate())
+    root, tree = [f"tcp://127.0.0.1:{p}" for p in free_ports(2)]
+    learner = QNetwork((4,), 2, (8,))
+    pub = WeightPublisher(net, root, "learner-0", None, generation=3)
+    child = WeightRelay(wire.SecureContext(net.keys), tree.replace("tcp://", "tcp://127.0.0.1:0;"),
+                        f"ipc://{folder}/r1.sock", "relay-1", None, QNetwork((4,), 2, (8,)), root=root)
+    versions = iter(range(1, 10**6))
+
+    def on_root() -> bool:
+        version = next(versions)
+        pub.publish(version, learner)
+        child.step(1)
+        return child.watch.on_root and child.upstream.version == version
+    wait_for(on_root, 10, interval=0.01, what="relay-1 on rank 0")
+    WeightRelay(wire.SecureContext(net.keys), root, [f"ipc://{folder}/r0.sock", tree], "relay-0", None,
+                QNetwork((4,), 2, (8,)))
+    wait_for(lambda: child.watch.monitor.poll(10), 10, what="relay-0's handshake, not yet taken by relay-1")
+    last = next(versions)
+    pub.publish(last, learner)
+    assert child.upstream.sock.poll(5000)  # the version's first frame now taken from rank 0's connection
+    child.step(0)
+    assert not child.watch.on_root and child.upstream.version == last
+    os._exit(0)
+
+
+def test_a_relay_cut_from_rank_0_while_a_version_from_it_is_half_read_lives_on(tmp_path):
+    """The cut from rank 0 comes after the subscription is drained: cutting it with a message's first frame taken
+    by a poll aborted the relay inside libzmq (`Assertion failed: !_more (src/fq.cpp:80)`), as one did in CI."""
+    child = multiprocessing.get_context("fork").Process(target=_cut_from_rank_0_with_a_version_half_read,
+                                                        args=(str(tmp_path),))
+    child.start()
+    child.join(60)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0  # SIGABRT's -6 before

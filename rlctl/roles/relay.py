@@ -94,9 +94,12 @@ class WeightRelay:
     def step(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for a new version and hand it on (to newcomers too: the current one); True when
         a new version went out."""
+        new = bool(self.upstream.sock.poll(timeout_ms)) and self.upstream.poll()
         if self.watch is not None:
+            # Only once the subscription is drained: a poll takes the first frame of a waiting message, and cutting
+            # the connection it came on before its other frames are read aborts libzmq ("!_more", fq.cpp).
             self.watch.check(time.monotonic())
-        if self.upstream.sock.poll(timeout_ms) and self.upstream.poll():
+        if new:
             self._send()
             self.relayed += 1
             return True
