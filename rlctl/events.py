@@ -1,8 +1,9 @@
 """Milestones that code waits on, as one line each in a process's log: `rlctl.event NAME {JSON object}`.
 
-A process writes the line with `emit` (the first env step, the first batch sent, the first update, a resume from a
-checkpoint or a replay snapshot, a snapshot written, and why it stopped by itself); the supervisor stamps it like every other line of the log, and people
-read it there as it is. Tests and benches find it with `read` / `first`, never by matching sentences.
+A process writes the line with `emit` (an SSH session begun, the first env step, the first batch sent, the first
+update, a resume from a checkpoint or a replay snapshot, a snapshot written, and why it stopped by itself); the
+supervisor stamps it like every other line of the log, and people read it there as it is. Tests and benches find
+it with `read` / `first`, never by matching sentences.
 
 A log holds whatever a process printed (an env's, a library's, a user's code), so it is parsed as hostile input: a
 line is an event only if it has the prefix, a known name and a JSON object with exactly that event's fields, of
@@ -41,6 +42,8 @@ EVENTS: dict[str, dict[str, type]] = {
     "snapshot_loaded": {"process": str, "path": str, "size": int, "inserted": int, "seconds": float},
     # a replay shard wrote its snapshot
     "snapshot_written": {"process": str, "size": int, "inserted": int, "seconds": float},
+    # an SSH session's far side began (rlctl.launch.remote, before its process starts): its host answered then
+    "remote_session": {"host": str},
     # a process stopping by itself: `reason` is one of the EXIT_* codes, `detail` says it for people
     "exit": {"reason": str, "detail": str},
 }

@@ -11,6 +11,7 @@ import pytest
 from rlctl import events
 
 EXAMPLES = {
+    "remote_session": {"host": "cpu-7"},
     "first_env_step": {"process": "collector-0", "version": 3},
     "first_batch_sent": {"process": "collector-1", "transitions": 512},
     "first_update": {"process": "learner-1", "update": 1201},

@@ -219,6 +219,38 @@ def test_an_elastic_learner_node_whose_host_ssh_cannot_reach_loses_the_host_at_o
     table.watch.close()
 
 
+def test_a_session_begun_on_a_host_is_word_from_it_until_a_heartbeat_timeout_later(tmp_path, answers):
+    """h2's learner node started again (its ssh session's far side began: rlctl.launch.remote's event) waits
+    silently in its rendezvous: h2 is not lost for its processes' silence until a heartbeat timeout after that
+    session began. (In CI h2 was taken for lost then, its new node killed as it joined the head's world, and the
+    head, restarting its rank for it, went silent past the timeout.) A session from before a loss arms nothing."""
+    import io
+    import time
+
+    from rlctl import events
+    from rlctl.supervise.process_table import LogPump, ProcessTable
+
+    text = HOSTS.replace('name = "h2"\n', 'name = "h2"\nlearner = true\n')
+    spec = spec_of(tmp_path, text.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\n\n[logging]\n"))
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    node, t0 = table.by_name["learner-1"], time.time()
+    hear(table, t0 - 20.0)  # h2 last heard 20 s ago, twice the timeout
+    node.pump = LogPump(io.BytesIO(f"rlctl.launch.remote: on vm: x\n{events.line('remote_session', host='vm')}\n"
+                                   "Warning: a line of anything\n".encode()), tmp_path / "learner-1.log")
+    node.pump.start()
+    node.pump.join(5)
+    began = node.pump.session_at
+    assert began is not None and t0 <= began <= time.time()
+    hear(table, began + 9.5, but="h2")
+    assert table.check_hosts(began + 9.5) == [] and not table.lost_nodes
+    hear(table, began + 10.5, but="h2")
+    said = table.check_hosts(began + 10.5)
+    assert len(said) == 1 and said[0].startswith("host h2 lost at ") and "for 10s" in said[0], said
+    table.watch.sessions_begun(table.handles)  # the same session, from before the loss
+    assert "h2" not in table.watch.last_heard
+    table.watch.close()
+
+
 def hear(table, now: float, but: str = "") -> None:
     """Every process of the table heard from at `now`, but those on host `but`."""
     msg = SimpleNamespace(role="collector", pid=None, rank=0)

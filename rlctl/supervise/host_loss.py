@@ -1,7 +1,8 @@
 """SSH hosts that stop answering: noticed by their silence, given up, and taken back once they answer again.
 
-A host is lost when none of its processes has been heard from for `logging.heartbeat_timeout_s` (its processes
-gone, its network down: either way nothing arrives), after something of it was heard once. The process table then
+A host is lost when none of its processes has been heard from, and no SSH session has begun there, for
+`logging.heartbeat_timeout_s` (its processes gone, its network down: either way nothing arrives), after something
+of it was heard once. The process table then
 moves its collectors and evaluator elsewhere (launch.plan.re_placement, the rule a lost Slurm node's follow), and
 from here a thread per lost host asks it, every PROBE_INTERVAL_S, to end whatever of the run it still runs
 (`rlctl.launch.remote sweep --kill --host`). The first answer re-admits it: nothing of the run is left there, so
@@ -83,6 +84,17 @@ class HostWatch:
         """A process on `host` was heard from."""
         if host in self.ssh_hosts:
             self.last_heard[host] = now
+
+    def sessions_begun(self, handles) -> None:
+        """Processes whose SSH session's far side began (their log pump's `session_at`): each one's host answered
+        then, so it is not lost while that process is silent a while (a learner node in its rendezvous). A session
+        from before the host's last loss says nothing of it now."""
+        for h in handles:
+            at, host = h.pump.session_at if h.pump is not None else None, h.spec.host
+            loss = self.losses.get(host)
+            if at is not None and host in self.ssh_hosts and at > self.last_heard.get(host, 0.0) \
+                    and (loss is None or at > loss.lost_at):
+                self.last_heard[host] = at
 
     def silent(self, now: float) -> list[tuple[str, float]]:
         """Hosts heard from once, not lost yet, silent past the heartbeat timeout, with their silence."""

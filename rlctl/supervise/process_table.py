@@ -51,6 +51,7 @@ class LogPump(threading.Thread):
         self.spoke = threading.Event()  # the first line (or the end) arrived: an SSH session is past its login
         self.error: OSError | None = None  # why the log file could not be written (the run fails on it)
         self.startup_failure: str | None = None  # the cause, once the process said it cannot start (rlctl.events)
+        self.session_at: float | None = None  # when an SSH session's far side began: its host answered then
 
     def run(self) -> None:
         out = None
@@ -78,6 +79,8 @@ class LogPump(threading.Thread):
         event = events.parse(line)
         if event is not None and event.name == "exit" and event["reason"] == events.EXIT_STARTUP_FAILED:
             self.startup_failure = event["detail"]
+        elif event is not None and event.name == "remote_session":
+            self.session_at = time.time()
 
 
 @dataclass
@@ -264,8 +267,7 @@ def lose_with_host(bound: list[ProcessHandle]) -> None:
 
 
 class ProcessTable:
-    """Every process of the plan, and what the restart policy makes of their ends and silences (and, in a Slurm
-    job, of nodes that leave it)."""
+    """Every process of the plan, and what the restart policy makes of their ends, silences and lost hosts or nodes."""
 
     def __init__(self, spec: JobSpec, plan: LaunchPlan, on_restart: Callable[[str], None]):
         self.spec = spec
@@ -385,6 +387,7 @@ class ProcessTable:
         left once a copy still running there has ended itself (its relay and elastic learner node are lost with it);
         a lost host that answers again is re-admitted, and that learner node starts there again. Log lines."""
         said, self.said = self.said, []
+        self.watch.sessions_begun(self.handles)
         silent = self.watch.silent(now)
         for host, silence in silent:
             mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
