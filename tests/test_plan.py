@@ -876,3 +876,47 @@ def test_elastic_rendezvous_numbers_learner_nodes_in_plan_order_whatever_their_a
     made = dynamic_rendezvous.DynamicRendezvousHandler._node_desc_generator
     assert isinstance(made, PlannedNodeGenerator) and made.generate("10.0.0.10").node == 1
     assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_rank_0_of_an_elastic_world_without_the_head_learns_nothing_until_it_is_stopped(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A rendezvous round that formed without the head (in CI: the head's agent restarting its rank while a node
+    of the second host joined alone) made a second rank 0 beside the head's, learning from scratch. Such a rank
+    (torchrun's rank 0 on a plan node other than 0) makes no process group, publishes and saves nothing, and ends
+    on its stop (its agent's, once the head waits to join); rank 0 on the head, or in a fixed world, learns."""
+    import threading
+
+    from rlctl.net import wire
+    from rlctl.roles import learner
+    from rlctl.roles.context import RoleContext
+
+    text = REMOTE_JOB.replace('name = "cpu-box"\n', 'name = "cpu-box"\nlearner = true\n')
+    path = tmp_path / "elastic.toml"
+    path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n"))
+    spec = load_job(path)
+
+    def rc(rank: int, job: JobSpec = spec) -> RoleContext:
+        return RoleContext("learner", rank, "cpu-box", RUN_ID, job, {}, str(tmp_path), wire.CurveKeys.generate(), {})
+    monkeypatch.setenv("RLCTL_RANK", "1")
+    assert learner.headless(rc(0)) and not learner.headless(rc(1))
+    path.write_text(text)  # a fixed world
+    assert not learner.headless(rc(0, load_job(path)))
+    monkeypatch.setenv("RLCTL_RANK", "0")
+    assert not learner.headless(rc(0))
+
+    monkeypatch.setenv("RLCTL_RANK", "1")
+    monkeypatch.setattr(learner, "learner_device", lambda rc: pytest.fail("a headless rank 0 went on to learn"))
+    stop = StopAfter()  # not a StopFlag: that one takes over this process's SIGTERM and SIGINT
+    threading.Timer(0.3, lambda: setattr(stop, "requested", True)).start()
+    learner.run(rc(0), stop)
+    assert "without the head's learner node: learning nothing until the head joins" in capsys.readouterr().out
+    assert not any(tmp_path.glob("*.pt"))
+
+
+class StopAfter:
+    """A role's stop flag, set by the test."""
+
+    requested = False
+
+    def __bool__(self) -> bool:
+        return self.requested

@@ -321,8 +321,23 @@ def init_process_group(backend: str, elastic: bool, heartbeat_timeout_s: float) 
     dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, **timeout)
 
 
+def headless(rc: RoleContext) -> bool:
+    """Rank 0 of an elastic world without the head: the rendezvous ranks the head's node first whenever it takes
+    part (rlctl.launch.elastic), so this round formed without it (its agent restarting its rank, or slow to renew
+    its place)."""
+    return rc.job.elastic_learners and rc.rank == 0 and os.environ.get("RLCTL_RANK", "0") != "0"
+
+
 def run(rc: RoleContext, stop: StopFlag) -> None:
     """The learner process: process group, shell, clean up."""
+    if headless(rc):
+        # Learning would make a second run beside the head's: a second rank 0 publishing weights and writing
+        # checkpoints (over the head's, on a shared filesystem). Its agent restarts it once the head waits to join.
+        rc.say(f"rank 0 of a world of {rc.world_size} without the head's learner node: learning nothing until the "
+               "head joins")
+        while not stop:
+            time.sleep(0.1)
+        return
     device = learner_device(rc)
     pin_collective_interface()
     init_process_group("nccl" if device.type == "cuda" else "gloo", rc.job.elastic_learners,
