@@ -229,7 +229,14 @@ def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_
     supervisors = [_state(sweep / t)["supervisor_pid"] for t in begun]
     os.kill(scheduler, signal.SIGKILL)
     # Each trial's supervisor is told to stop by the kernel: a graceful stop, a last checkpoint.
-    wait_for(lambda: all(_state(sweep / t).get("status") == "stopped" for t in begun), timeout=90, what="stopped")
+
+    def ended() -> dict:
+        return {t: (_state(sweep / t).get("status"), _state(sweep / t).get("exit_reason")) for t in begun}
+    try:
+        wait_for(lambda: all(s == "stopped" for s, _ in ended().values()), timeout=90, what="stopped")
+    except pytest.fail.Exception:
+        logs = {t: (sweep / t / "logs" / "supervisor.log").read_text()[-2000:] for t in begun}
+        pytest.fail(f"the trials did not stop: {ended()}; their supervisors' logs end: {logs}")
     wait_for(lambda: not any(pid_alive(p) for p in supervisors), timeout=30, what="trial supervisors gone")
     assert not (sweep / "t002" / "state.json").exists()  # never begun
     steps = {t: _state(sweep / t)["metrics"]["charts/env_steps"] for t in begun}
