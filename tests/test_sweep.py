@@ -214,7 +214,9 @@ def test_a_ppo_sweep_runs_to_its_end_with_one_command_and_compare_ranks_by_time_
 
 @pytest.mark.slow
 def test_a_killed_scheduler_leaves_its_trials_stopped_and_resume_continues_them_none_from_zero(tmp_path):
-    _base(tmp_path, stop="env_steps = 9000\nwall_s = 120")  # a fixed length: what matters is where each goes on
+    # A fixed length (what matters is where each goes on), long enough that neither ends by itself before the kill
+    # reaches it: at 9000 env steps (5 s here) one could finish first, never "stopped" (a CI run timed out here).
+    _base(tmp_path, stop="env_steps = 40000\nwall_s = 120")
     f = _sweep_file(tmp_path, '"algorithm.lr" = [4e-3]', head="seeds = [1, 2, 3]\nmax_concurrent = 2")
     runs = tmp_path / "runs"
     sweep_id = run_cli(["sweep", str(f), "--detach", "--runs-dir", str(runs)]).stdout.strip()
