@@ -219,6 +219,37 @@ def test_an_elastic_learner_node_whose_host_ssh_cannot_reach_loses_the_host_at_o
     table.watch.close()
 
 
+def test_an_evaluator_that_ssh_cannot_reach_is_lost_not_the_run_and_moves_once_its_host_is_lost(tmp_path, answers):
+    """h3's evaluator, its session ended by ssh (255) with no restart left (its restarts run out within seconds of
+    the host vanishing, long before the heartbeat timeout): lost, the run goes on; once h3 is lost for its silence
+    the evaluator starts on another host with the collectors. A local evaluator's end is no such case."""
+    from rlctl.supervise.process_table import ProcessTable
+
+    spec = spec_of(tmp_path, HOSTS.replace("[logging]\n", "[topology]\nmax_restarts = 0\n\n[logging]\n"))
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    evaluator = table.by_name["evaluator-0"]
+    assert evaluator.spec.host == "h3" and evaluator.spec.remote
+    hear(table, 100.0)
+    evaluator.popen = subprocess.Popen(["sh", "-c", "exit 255"], stdin=subprocess.PIPE, start_new_session=True)
+    evaluator.popen.wait()
+    assert table.reap() is None and evaluator.life.state is ProcState.LOST
+    hear(table, 109.0, but="h3")
+    said = table.check_hosts(110.5)
+    assert len(said) == 1 and "evaluator-0 re-placed on h4" in said[0], said
+    assert evaluator.life.state is ProcState.RESTARTING and evaluator.spec.host == "h4"
+    table.watch.close()
+    local = spec_of(tmp_path, HOSTS.replace('name = "h3"\n', 'name = "h3"\naddress = "localhost"\n')
+                    .replace("[logging]\n", "[topology]\nmax_restarts = 0\n\n[logging]\n"))
+    table = ProcessTable(local, make_plan(local, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    evaluator = table.by_name["evaluator-0"]
+    assert not evaluator.spec.remote
+    evaluator.popen = subprocess.Popen(["sh", "-c", "exit 255"], start_new_session=True)
+    evaluator.popen.wait()
+    end = table.reap()
+    assert end is not None and "evaluator-0 exited with code 255" in end.reason, end
+    table.watch.close()
+
+
 def test_a_session_begun_on_a_host_is_word_from_it_until_a_heartbeat_timeout_later(tmp_path, answers):
     """h2's learner node started again (its ssh session's far side began: rlctl.launch.remote's event) waits
     silently in its rendezvous: h2 is not lost for its processes' silence until a heartbeat timeout after that

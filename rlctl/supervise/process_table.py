@@ -432,10 +432,10 @@ class ProcessTable:
             self.said.append(loss.lost_line(host, now))
 
     def _can_lose(self, h: ProcessHandle) -> bool:
-        """A collector on a host that SSH no longer reaches is given up, not the run, while other collectors
-        remain (synchronous PPO needs every collector's rollout each round); so is a relay there (its host's processes
-        keep their weights), and an elastic world's learner node (not the head's) whatever ended it."""
-        if h.spec.role == Role.RELAY:
+        """Given up, not the run: a collector on a host SSH no longer reaches while other collectors remain (synchronous
+        PPO needs each one's rollout every round), a relay or the evaluator there (its restarts run out in seconds; it
+        moves once the host is lost), and an elastic world's learner node (not the head's) whatever ended it."""
+        if h.spec.role in (Role.RELAY, Role.EVALUATOR):
             return h.spec.remote and h.last_exit == SSH_FAILED
         if h.spec.role == Role.LEARNER:
             return not h.spec.critical  # a node of an elastic world: the others go on without it
