@@ -37,6 +37,7 @@ from rlctl.launch.plan import (
 from rlctl.job.load import JobFileError, load_job, validate_job
 from rlctl.job.spec import JobSpec
 from rlctl.launch.ports import PortLayout
+from rlctl.launch.preflight import joins_later
 
 REPO = Path(__file__).resolve().parents[1]
 APEX = REPO / "jobs" / "apex.toml"
@@ -531,9 +532,17 @@ def test_elastic_learner_nodes_rendezvous_over_c10d_on_the_head_and_only_the_hea
         assert arg_after(argv, "--local-addr") == addr
         assert arg_after(argv, "--rdzv-conf").startswith(f"is_host={is_host},")
     assert (head.critical, second.critical) == (True, False)
+    # The run may start without a host SSH cannot reach if it runs only such a node (rlctl.launch.preflight): the
+    # node joins later. cpu-box runs collectors too: not so.
+    assert joins_later(spec, p) == set()
+    alone = tmp_path / "alone.toml"
+    alone.write_text(REMOTE_JOB.replace('name = "cpu-box"\ncollectors = 2\n', 'name = "cpu-box"\nlearner = true\n')
+                     .replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n"))
+    assert joins_later(load_job(alone), plan_of(load_job(alone))) == {"cpu-box"}
     path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 2\n"))
     fixed = load_job(path)
     assert not fixed.elastic_learners and all(x.critical for x in plan_of(fixed).processes if x.role == "learner")
+    assert joins_later(fixed, plan_of(fixed)) == set()
     path.write_text(text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 3\n"))
     with pytest.raises(JobFileError, match="topology.min_learner_nodes: 3 is more than the job's 2 learner nodes"):
         load_job(path)

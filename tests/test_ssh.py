@@ -282,6 +282,41 @@ def test_an_elastic_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, t
     assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
 
 
+def test_an_elastic_learner_host_down_at_the_start_joins_once_it_answers(lab, tmp_path):
+    """A learner host that cannot be reached when the run starts (a spare that comes up later), running only a learner
+    node of an elastic world: the check warns of it instead of refusing the run, the head learns in a world of 1, and
+    once h2's sshd is up its node starts there and joins (world 2); the run reaches its target, both ranks equal."""
+    if not lab.netns:
+        pytest.skip("a host down at the start needs network namespaces")
+    job = spread_job(lab, tmp_path, "apex", {0: {"learner": True, "replay_shards": 1, "evaluator": True,
+                                                 "collectors": 1}, 1: {"learner": True}, 2: {"collectors": 1}},
+                     name="ssh-late", envs_per_collector="1", eval_rounds="10")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+                   + "\n[logging]\nheartbeat_timeout_s = 15.0\n")
+    runs, h2 = tmp_path / "runs", lab.hosts[1]
+    lab.take_down(h2)
+    try:
+        out = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)])
+        assert f"host h2 ({h2.address}:{h2.port}): cannot connect over SSH" in out.stderr, out.stderr
+        assert "its learner node joins the learner group once it answers" in out.stderr, out.stderr
+        run_dir = runs / out.stdout.strip()
+        worlds = lambda: [w for _, w in read_state(run_dir).get("learner_worlds", [])]  # noqa: E731
+        wait_for(lambda: worlds() == [1] and read_state(run_dir)["metrics"].get("learner/updates", 0) > 50, 120,
+                 what="the head updating alone")
+    finally:
+        lab.bring_back(h2)
+    wait_for(lambda: worlds() == [1, 2], 120, what="h2's node joining: a world of 2")
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "eval_return", state["exit_reason"]
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/world"] == r1["learner/world"] == 2 and r0["learner/param_digest"] == r1["learner/param_digest"]
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
+    status = run_cli(["status", run_dir.name, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+    assert re.search(r"learner world 1 -> 2 \(\S+\)", status), status
+
+
 # ---------------------------------------------------------------------------------------------- stop, secrets
 
 

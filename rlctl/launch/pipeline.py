@@ -114,14 +114,19 @@ def warn_machine(spec: JobSpec) -> None:
 
 
 def preflight(spec: JobSpec, plan: LaunchPlan) -> None:
-    """Check every remote host at once before anything starts; PreflightFailed naming each host that is not fit."""
-    from rlctl.launch.preflight import check_hosts
+    """Check every remote host at once before anything starts; PreflightFailed naming each host that is not fit
+    (but an unreachable host of an elastic learner node alone, which joins later: preflight.joins_later)."""
+    from rlctl.launch.preflight import check_hosts, joins_later
 
     started = time.time()
     problems = check_hosts(spec, plan)
     remote = sum(not h["local"] for h in plan.hosts)
-    if problems:
-        raise PreflightFailed(problems, remote)
+    later = joins_later(spec, plan)
+    waiting = [p for p in problems if p.unreachable and p.host in later]
+    if len(waiting) < len(problems):
+        raise PreflightFailed([p.text for p in problems if p not in waiting], remote)
+    for p in waiting:
+        print(f"rlctl: warning: {p.text}; its learner node joins the learner group once it answers", file=sys.stderr)
     print(f"rlctl: {remote} remote hosts checked in {time.time() - started:.1f}s", file=sys.stderr)
 
 

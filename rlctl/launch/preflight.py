@@ -1,13 +1,16 @@
 """Before anything starts: every remote host of a plan checked at once, each failure named with its host and cause.
 
 A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has
-torch where a torch role runs), and the ports the plan binds there are free. Nothing is started anywhere, so a failed check leaves nothing
-to clean up.
+torch where a torch role runs), and the ports the plan binds there are free. Nothing is started anywhere, so a
+failed check leaves nothing to clean up. One exception: a host that SSH cannot reach and that runs only an elastic
+world's learner node (not the head's) is said, not failed: the run starts without it, and the node joins once the
+host answers.
 """
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass
 
 import rlctl
 from rlctl.launch.hosts import last_json_line, on_hosts, private_dir, ssh_failure
@@ -56,8 +59,28 @@ def diagnose(h: HostSpec, proc: subprocess.CompletedProcess, needs_torch: bool) 
     return None
 
 
-def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIMEOUT_S) -> list[str]:
-    """Check every remote host in parallel; one message per failing host (empty when all are fit)."""
+@dataclass(frozen=True)
+class HostProblem:
+    """Why one host is not fit: `unreachable` when SSH could not connect to it (or timed out)."""
+
+    host: str
+    text: str
+    unreachable: bool
+
+
+def joins_later(spec: JobSpec, plan: LaunchPlan) -> set[str]:
+    """Hosts that run only an elastic world's learner node other than the head's: the run may start without one
+    that is unreachable (its node joins the learner group once the host answers: supervise.host_loss)."""
+    if not spec.elastic_learners:
+        return set()
+    runs: dict[str, set] = {}
+    for p in plan.processes:
+        runs.setdefault(p.host, set()).add((p.role, p.critical))
+    return {host for host, what in runs.items() if what == {(Role.LEARNER, False)}}
+
+
+def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIMEOUT_S) -> list[HostProblem]:
+    """Check every remote host in parallel; one problem per failing host (empty when all are fit)."""
     remote = [h for h in placement(spec) if not h.is_local]
     # Collectors of central inference load no torch: a host of only those needs none.
     roles = {h.name: {p.role for p in plan.processes if p.host == h.name
@@ -69,5 +92,6 @@ def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIME
         return ["check", "--ports", ",".join(map(str, host_ports(plan, h.name))), "--bind", bind, *private]
 
     results = on_hosts(remote, args, timeout=timeout)
-    problems = [diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES)) for h in remote]
-    return [p for p in problems if p]
+    problems = [(h.name, diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES)),
+                 results[h.name].returncode in (124, 255) and h.slurm_job is None) for h in remote]
+    return [HostProblem(*p) for p in problems if p[1]]
