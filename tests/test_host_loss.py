@@ -213,7 +213,7 @@ def test_an_elastic_learner_node_whose_host_ssh_cannot_reach_loses_the_host_at_o
     assert table.reap() is None and node.life.state is ProcState.LOST and node.lost_sessions == 1
     assert "h2" in table.watch.lost and "h2" in table.lost_nodes
     said = table.check_hosts(101.0)
-    assert len(said) == 1 and said[0].startswith("host h2 lost at ") and "re-placed" not in said[0], said
+    assert len(said) == 1 and re.fullmatch(r"host h2 lost at \S+: ssh cannot reach it", said[0]), said
     answers.up = True
     assert wait_said(table, 102.0)[1] == "learner-1 starts again on h2 and rejoins the learner group"
     table.watch.close()
@@ -253,8 +253,9 @@ def test_an_evaluator_that_ssh_cannot_reach_is_lost_not_the_run_and_moves_once_i
 def test_a_session_begun_on_a_host_is_word_from_it_until_a_heartbeat_timeout_later(tmp_path, answers):
     """h2's learner node started again (its ssh session's far side began: rlctl.launch.remote's event) waits
     silently in its rendezvous: h2 is not lost for its processes' silence until a heartbeat timeout after that
-    session began. (In CI h2 was taken for lost then, its new node killed as it joined the head's world, and the
-    head, restarting its rank for it, went silent past the timeout.) A session from before a loss arms nothing."""
+    session began, nor at all while the node still starts over a live session. (In CI h2 was taken for lost, its
+    new node killed as it joined the head's world, and the head, restarting its rank for it, went silent past the
+    timeout.) A session from before a loss arms nothing."""
     import io
     import time
 
@@ -277,8 +278,31 @@ def test_a_session_begun_on_a_host_is_word_from_it_until_a_heartbeat_timeout_lat
     hear(table, began + 10.5, but="h2")
     said = table.check_hosts(began + 10.5)
     assert len(said) == 1 and said[0].startswith("host h2 lost at ") and "for 10s" in said[0], said
-    table.watch.sessions_begun(table.handles)  # the same session, from before the loss
+    table.watch.sessions_begun(table.handles, began + 11.0)  # the same session, from before the loss
     assert "h2" not in table.watch.last_heard
+    table.watch.close()
+
+    # Still starting over a live session (its ssh client runs): h2 answers now, however long the start takes.
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    node = table.by_name["learner-1"]
+    hear(table, t0 - 20.0, but="h2")  # h2 unheard, its collectors lost: only the node (its session) speaks for h2
+    for h in table.handles:
+        if h.spec.host == "h2" and h is not node:
+            h.life.lose()
+    node.pump = SimpleNamespace(session_at=began)
+    node.popen = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert node.life.state is ProcState.STARTING
+        for later in (began + 30.0, began + 60.0):
+            hear(table, later, but="h2")
+            assert table.check_hosts(later) == [] and not table.lost_nodes
+    finally:
+        node.popen.kill()
+        node.popen.wait()
+    # Its session gone (a process heard from no longer counts this way either): silent past the timeout, lost.
+    hear(table, began + 71.0, but="h2")
+    said = table.check_hosts(began + 71.0)
+    assert len(said) == 1 and "no word from its processes for 11s" in said[0], said
     table.watch.close()
 
 

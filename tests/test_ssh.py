@@ -274,7 +274,7 @@ def test_an_elastic_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, t
     # there, never lost, rejoined by itself.
     if fault == "down" or "host h2 lost" in log:
         assert procs["learner-1"]["note"].startswith("host h2 back at "), procs["learner-1"]
-        assert re.search(r"host h2 lost at \S+: no word from its processes", log), log
+        assert re.search(r"host h2 lost at \S+: (no word from its processes|ssh cannot reach it)", log), log
         assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
     assert procs["learner-1"]["host"] == "h2"
     assert re.search(r"the learner group broke after update \d+", (run_dir / "logs" / "learner-0.log").read_text())
@@ -288,9 +288,11 @@ def test_an_elastic_learner_host_down_at_the_start_joins_once_it_answers(lab, tm
     once h2's sshd is up its node starts there and joins (world 2); the run reaches its target, both ranks equal."""
     if not lab.netns:
         pytest.skip("a host down at the start needs network namespaces")
+    # Slower to its target than the test above (half its learning rate too): at 2e-3 the head alone reached it 56 s
+    # after the start, before h2's node (up once the head learned alone, then importing torch) had joined.
     job = spread_job(lab, tmp_path, "apex", {0: {"learner": True, "replay_shards": 1, "evaluator": True,
                                                  "collectors": 1}, 1: {"learner": True}, 2: {"collectors": 1}},
-                     name="ssh-late", envs_per_collector="1", eval_rounds="10")
+                     name="ssh-late", envs_per_collector="1", eval_rounds="10", lr="1e-3")
     job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
                    + "\n[logging]\nheartbeat_timeout_s = 15.0\n")
     runs, h2 = tmp_path / "runs", lab.hosts[1]
@@ -312,7 +314,8 @@ def test_an_elastic_learner_host_down_at_the_start_joins_once_it_answers(lab, tm
     r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
     assert r0["learner/world"] == r1["learner/world"] == 2 and r0["learner/param_digest"] == r1["learner/param_digest"]
     log = (run_dir / "logs" / "supervisor.log").read_text()
-    assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
+    assert re.search(r"host h2 lost at \S+: ssh cannot reach it\n", log) and \
+        "learner-1 starts again on h2 and rejoins the learner group" in log, log
     status = run_cli(["status", run_dir.name, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
     assert re.search(r"learner world 1 -> 2 \(\S+\)", status), status
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from rlctl.launch.remote import SESSION_LOST_GRACE_S
 from rlctl.job.spec import HostSpec, JobSpec
-from rlctl.supervise.restart_policy import clock
+from rlctl.supervise.restart_policy import ProcState, clock
 
 PROBE_INTERVAL_S = 2.0  # between tries to reach a lost host
 PROBE_TIMEOUT_S = 15.0  # one try (ssh's ConnectTimeout is 10 s)
@@ -40,6 +40,7 @@ class HostLoss:
     moved: dict[str, str] = field(default_factory=dict)  # process name -> the host it moved to
     back_at: float | None = None
     leftovers: int = 0  # processes of the run the re-admitting sweep found (and killed) there
+    unreachable: bool = False  # lost because ssh could not reach it, not for its silence
 
     def record(self) -> dict:
         """The host row's `loss` entry in state.json."""
@@ -49,8 +50,9 @@ class HostLoss:
     def lost_line(self, host: str, start_at: float) -> str:
         """The supervisor's log line on the loss."""
         moves = ", ".join(f"{n} re-placed on {t}" for n, t in self.moved.items())
-        return (f"host {host} lost at {clock(self.lost_at)}: no word from its processes for {self.silent_s:.0f}s"
-                + (f"; {moves}, starting at {clock(start_at)}" if moves else ""))
+        why = "ssh cannot reach it" if self.unreachable else f"no word from its processes for {self.silent_s:.0f}s"
+        return f"host {host} lost at {clock(self.lost_at)}: {why}" + (f"; {moves}, starting at {clock(start_at)}"
+                                                                      if moves else "")
 
     def back_line(self, host: str) -> str:
         """The supervisor's log line on the host's return."""
@@ -85,12 +87,17 @@ class HostWatch:
         if host in self.ssh_hosts:
             self.last_heard[host] = now
 
-    def sessions_begun(self, handles) -> None:
+    def sessions_begun(self, handles, now: float) -> None:
         """Processes whose SSH session's far side began (their log pump's `session_at`): each one's host answered
-        then, so it is not lost while that process is silent a while (a learner node in its rendezvous). A session
-        from before the host's last loss says nothing of it now."""
+        then, and answers now while that process still starts over a live session (ssh ends a session whose host is
+        gone within its keep-alives, 15-20 s). So a host is not lost while a process there starts slowly: a learner
+        node importing torch and joining its rendezvous on a loaded machine took more than 15 s. A session from
+        before the host's last loss says nothing of it now."""
         for h in handles:
             at, host = h.pump.session_at if h.pump is not None else None, h.spec.host
+            if at is not None and h.life.state is ProcState.STARTING and h.popen is not None \
+                    and h.popen.poll() is None:
+                at = now
             loss = self.losses.get(host)
             if at is not None and host in self.ssh_hosts and at > self.last_heard.get(host, 0.0) \
                     and (loss is None or at > loss.lost_at):
@@ -101,11 +108,11 @@ class HostWatch:
         return [(h, now - t) for h, t in self.last_heard.items()
                 if h not in self.lost and now - t > self.timeout]
 
-    def lose(self, host: str, now: float, silent_s: float) -> HostLoss:
-        """`host` is lost: recorded, and probed until it answers."""
+    def lose(self, host: str, now: float, silent_s: float, unreachable: bool = False) -> HostLoss:
+        """`host` is lost (silent, or `unreachable` over ssh): recorded, and probed until it answers."""
         self.lost.add(host)
         self.last_heard.pop(host, None)  # armed again by the next process heard there
-        loss = self.losses[host] = HostLoss(now, silent_s)
+        loss = self.losses[host] = HostLoss(now, silent_s, unreachable=unreachable)
         threading.Thread(target=self._probe, args=(self.ssh_hosts[host],), daemon=True,
                          name=f"rlctl-probe-{host}").start()
         return loss

@@ -387,7 +387,7 @@ class ProcessTable:
         left once a copy still running there has ended itself (its relay and elastic learner node are lost with it);
         a lost host that answers again is re-admitted, and that learner node starts there again. Log lines."""
         said, self.said = self.said, []
-        self.watch.sessions_begun(self.handles)
+        self.watch.sessions_begun(self.handles, now)
         silent = self.watch.silent(now)
         for host, silence in silent:
             mine = [h for h in self.handles if h.spec.host == host and h.life.state not in DONE]
@@ -428,7 +428,7 @@ class ProcessTable:
         others = any(o.spec.host == host and o.life.alive and not host_bound(o) for o in self.handles)
         if host not in self.watch.lost and not others:
             self.lost_nodes.add(host)
-            loss = self.watch.lose(host, now, now - self.watch.last_heard.get(host, now))
+            loss = self.watch.lose(host, now, now - self.watch.last_heard.get(host, now), unreachable=True)
             self.said.append(loss.lost_line(host, now))
 
     def _can_lose(self, h: ProcessHandle) -> bool:
