@@ -3,7 +3,7 @@
 A host passes when SSH (or, on a Slurm node, srun) reaches it, its Python runs rlctl at this version (and has
 torch where a torch role runs), and the ports the plan binds there are free. Nothing is started anywhere, so a
 failed check leaves nothing to clean up. One exception: a host that SSH cannot reach and that runs only an elastic
-world's learner node (not the head's) is said, not failed: the run starts without it, and the node joins once the
+world's learner node (not the head's) is warned of, not failed: the run starts without it, and the node joins once the
 host answers.
 """
 

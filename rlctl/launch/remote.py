@@ -175,7 +175,7 @@ def command_run(argv: list[str]) -> int:
     except (ValueError, TypeError) as exc:
         print(f"rlctl.launch.remote: bad session setup: {exc}", file=sys.stderr, flush=True)
         return 2
-    # The first line also tells the supervisor that this session is past its login, the event that its host answered.
+    # The first line also tells the supervisor that this session is past its login; the event, that its host answered.
     print(f"rlctl.launch.remote: on {socket.gethostname()}: {shlex.join(argv)}", flush=True)
     events.emit("remote_session", host=socket.gethostname())
     group = TetheredGroup(argv, {**os.environ, **setup.get("env", {})})

@@ -1,9 +1,9 @@
 """SSH hosts that stop answering: noticed by their silence, given up, and taken back once they answer again.
 
-A host is lost when none of its processes has been heard from, and no SSH session has begun there, for
-`logging.heartbeat_timeout_s` (its processes gone, its network down: either way nothing arrives), after something
-of it was heard once. The process table then
-moves its collectors and evaluator elsewhere (launch.plan.re_placement, the rule a lost Slurm node's follow), and
+A host is lost when none of its processes has been heard from, no SSH session has begun there and none still
+starts there over a live session, for `logging.heartbeat_timeout_s` (its processes gone, its network down: either
+way nothing arrives), after something of it was heard once. The process table then moves its collectors and
+evaluator elsewhere (launch.plan.re_placement, the rule a lost Slurm node's follow), and
 from here a thread per lost host asks it, every PROBE_INTERVAL_S, to end whatever of the run it still runs
 (`rlctl.launch.remote sweep --kill --host`). The first answer re-admits it: nothing of the run is left there, so
 it may take new processes, and no copy of a moved process can outlive a partition that heals.
