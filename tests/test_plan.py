@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import logging
 import os
 import re
 import shlex
@@ -881,7 +882,13 @@ def test_elastic_rendezvous_numbers_learner_nodes_in_plan_order_whatever_their_a
     monkeypatch.setenv("RLCTL_RANK", "1")
     monkeypatch.setattr(dynamic_rendezvous.DynamicRendezvousHandler, "_node_desc_generator", None)
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")  # recorded: undone after the test
-    rank_nodes_in_plan_order()
+    level = dynamic_rendezvous.logger.level
+    try:
+        rank_nodes_in_plan_order()
+        # Each round's membership is logged (torch's INFO lines): "... has joined round N ... as rank r ...".
+        assert dynamic_rendezvous.logger.isEnabledFor(logging.INFO)
+    finally:
+        dynamic_rendezvous.logger.setLevel(level)
     made = dynamic_rendezvous.DynamicRendezvousHandler._node_desc_generator
     assert isinstance(made, PlannedNodeGenerator) and made.generate("10.0.0.10").node == 1
     assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"

@@ -9,6 +9,7 @@ so rank 0 is on the head while the head takes part, and the other nodes follow i
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -44,7 +45,8 @@ class PlannedNodeGenerator(_NodeDescGenerator):
 
 
 def rank_nodes_in_plan_order() -> None:
-    """Make this agent's rendezvous descriptors carry its plan node, and the workers' store theirs alone.
+    """Make this agent's rendezvous descriptors carry its plan node, the workers' store theirs alone, and each
+    round's membership a line of the node's log.
 
     The workers of each round start a store of their own (on rank 0's node, at a free port), instead of sharing the
     agent's across rounds: after a node left, the new round's ranks would otherwise find the old round's keys there
@@ -52,3 +54,6 @@ def rank_nodes_in_plan_order() -> None:
     node = int(os.environ.get("RLCTL_RANK", "0"))
     dynamic_rendezvous.DynamicRendezvousHandler._node_desc_generator = PlannedNodeGenerator(node)
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # Each round in the node's log ("... has joined round 3 of the rendezvous ... as rank 1 in a world of size 2"):
+    # how a user sees why a world changed. torchrun's agent shows only warnings by default.
+    logging.getLogger(dynamic_rendezvous.__name__).setLevel(logging.INFO)
