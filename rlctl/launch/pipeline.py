@@ -123,8 +123,9 @@ def preflight(spec: JobSpec, plan: LaunchPlan) -> None:
     remote = sum(not h["local"] for h in plan.hosts)
     later = joins_later(spec, plan)
     waiting = [p for p in problems if p.unreachable and p.host in later]
-    if len(waiting) < len(problems):
-        raise PreflightFailed([p.text for p in problems if p not in waiting], remote)
+    fatal = [p.text for p in problems if p not in waiting]
+    if fatal:
+        raise PreflightFailed(fatal, remote)
     for p in waiting:
         print(f"rlctl: warning: {p.text}; its learner node joins the learner group once it answers", file=sys.stderr)
     print(f"rlctl: {remote} remote hosts checked in {time.time() - started:.1f}s", file=sys.stderr)

@@ -92,6 +92,10 @@ def check_hosts(spec: JobSpec, plan: LaunchPlan, timeout: float = PREFLIGHT_TIME
         return ["check", "--ports", ",".join(map(str, host_ports(plan, h.name))), "--bind", bind, *private]
 
     results = on_hosts(remote, args, timeout=timeout)
-    problems = [(h.name, diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES)),
-                 results[h.name].returncode in (124, 255) and h.slurm_job is None) for h in remote]
-    return [HostProblem(*p) for p in problems if p[1]]
+    problems = []
+    for h in remote:
+        text = diagnose(h, results[h.name], bool(roles[h.name] & TORCH_ROLES))
+        if text:
+            unreachable = results[h.name].returncode in (124, 255) and h.slurm_job is None
+            problems.append(HostProblem(h.name, text, unreachable))
+    return problems
