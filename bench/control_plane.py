@@ -19,16 +19,16 @@ What runs, per cell (C collectors over H simulated hosts):
 - A simulated host: one process holding its collectors, each with its own CURVE client key pair (the one the
   supervisor issued it), its own `ControlClient` (hello, then heartbeats through the real `CollectorReport`: every
   `metrics_interval_s`, and within 0.1 s of an episode's end), and two real `WeightSubscriber`s (a ~1M and a
-  ~10M-parameter QNetwork; each subscriber copies every version it takes into the host's one model of that size:
-  the CPU of every copy is real, the memory shared). Episodes end at random (Poisson, --episodes-per-s per
+  ~10M-parameter QNetwork; without relays each subscriber copies every version it takes into the host's one model
+  of that size: the CPU of every copy is real, the memory shared). Episodes end at random (Poisson, --episodes-per-s per
   collector), so heartbeats come as often as a collector's would. The host's sockets share one ZeroMQ context (one
   I/O thread per simulated host, not per collector) and connect from their own loopback address, 127.0.0.(k+2).
   The log lines the collectors print go to the supervisor's log pump, one pipe per simulated host.
 - With relays, simulated host k also runs relay-k (a process with relay-k's keys, in the plan as make_plan renders
   a relay, its collectors' RLCTL_CONTROL_VIA naming its control socket): the product's relay loop
   (`rlctl.roles.relay.serve`) with one `WeightRelay` per model size (each its own board in /dev/shm and Unix
-  socket) and its `ControlGather`. The host's collectors then read weights from its boards (a notice, then a copy
-  of the vector) and send their control messages to it. With more hosts than `--relay-fanout` (default
+  socket) and its `ControlGather`. The host's collectors then take weights from its boards (a notice, then, as
+  the product's collectors do, a hold on the newest slot: their parameters view it, no copy) and send their control messages to it. With more hosts than `--relay-fanout` (default
   `network.relay_fanout`'s, 16) the relays form the plan's tree (`rlctl.launch.plan.relay_parents`): the relays past the
   first F take each version from a relay above them, at its host's address, rank 0 their fallback.
 - The learner stand-in (learner-0, with the learner's keys: it binds): `ControlClient` heartbeats, and two real
@@ -59,8 +59,8 @@ Figures, per cell:
   parameter: CURVE encrypts each subscriber's copy apart, and each subscriber takes its message in whole) would need
   more than 40% of the free memory is skipped (`..._skipped` says why); the learner stand-in's peak memory is
   printed. With relays, also when the last relay had it from rank 0 (`weights_<size>_relays_p99_s`): rank 0's
-  fan-out, apart from the copies at the simulated collectors (each a real copy of the whole vector: 1,000 of 40 MB
-  are ~4 s of CPU here, where a cluster makes each on a collector's own core).
+  fan-out, apart from the hand-over at the simulated collectors (a copy of the whole vector each until they held
+  the board's slot instead: 1,000 copies of 40 MB were ~4 s of CPU here).
 
 Last line: one JSON object, `relays` (true unless --no-relays), `relay_fanout`, keys `c<C>_h<H>_<figure>`
 (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s,
@@ -237,8 +237,8 @@ def child_host() -> None:
                       "10m": from_address(cfg["weights_10m"], address)}
         boards = {"1m": None, "10m": None}
     models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
-    # Every subscriber of a size loads into the host's one model of that size (each copy is made; the memory of one
-    # model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
+    # Without relays every subscriber of a size loads into the host's one model of that size (each copy is made; the
+    # memory of one model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
     flats = {id(m): weights_module.share_flat_storage(m) for m in models.values()}
     weights_module.share_flat_storage = lambda model: flats[id(model)]
     report = ctx.socket(zmq.PUSH)
@@ -248,7 +248,9 @@ def child_host() -> None:
     members = []
     for name, rank, keys_env in cfg["collectors"]:  # subscriptions first: the hellos then go out together
         net = SharedContext(wire.CurveKeys.from_env(keys_env), ctx)
-        subs = {size: WeightSubscriber(net, ep, models[size], boards[size]) for size, ep in weight_eps.items()}
+        # As a collector's own: on a board, zero-copy (the slot held is its policy).
+        subs = {size: WeightSubscriber(net, ep, models[size], boards[size], zero_copy=True)
+                for size, ep in weight_eps.items()}
         members.append((name, rank, net, subs))
     for name, rank, net, subs in members:
         rc = RoleContext(role=Role.COLLECTOR, rank=rank, host=cfg["host"], run_id=cfg["run_id"], job=job,

@@ -43,15 +43,93 @@ def test_board_round_trip_rejects_other_versions_and_sizes(tmp_path):
     writer = WeightBoard.create(path, 5)
     reader = WeightBoard.open(path, 5)
     out = np.zeros(5, np.float32)
-    assert reader.read_newest(out) is None  # nothing written yet: -1 in both slots
-    writer.write(1, 7, [torch.arange(2.0), torch.arange(2.0, 5.0).reshape(3, 1)])  # tensors, flattened in order
+    assert reader.read_newest(out) is None  # nothing written yet: -1 in every slot
+    first = writer.write(7, [torch.arange(2.0), torch.arange(2.0, 5.0).reshape(3, 1)])  # tensors, flattened in order
     assert reader.read_newest(out) == (0, 7) and out.tolist() == [0, 1, 2, 3, 4]
-    writer.write(0, 8, [torch.full((5,), 8.0)])
-    assert reader.read_newest(out) == (0, 8) and out.tolist() == [8.0] * 5  # the newer slot, whichever was named
-    writer.headers[0][0] = -1  # what a reader sees while the writer is inside this slot: the other one is newest
+    second = writer.write(8, [torch.full((5,), 8.0)])
+    assert second != first  # never over the newest
+    assert reader.read_newest(out) == (0, 8) and out.tolist() == [8.0] * 5
+    writer.headers[second][0] = -1  # what a reader sees while the writer is inside that slot: the other is newest
     assert reader.read_newest(out) == (0, 7) and out.tolist() == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError):
         WeightBoard.open(path, 6)
+
+
+def test_a_held_slot_never_changes_and_the_writer_skips_a_version_when_every_other_slot_is_held(tmp_path):
+    """Zero-copy readers view the slot they hold: the writer writes around it, and with every slot but the newest
+    held it writes nothing (the version is skipped) until one is let go."""
+    path = str(tmp_path / "board")
+    writer = WeightBoard.create(path, 4)
+    slow, slower = WeightBoard.open(path, 4), WeightBoard.open(path, 4)
+    writer.write(1, np.full(4, 1.0, np.float32))
+    assert slower.hold_newest() == (0, 1)
+    writer.write(2, np.full(4, 2.0, np.float32))
+    assert slow.hold_newest() == (0, 2)
+    one, two = slower.held, slow.held
+    three = writer.write(3, np.full(4, 3.0, np.float32))
+    assert three not in (one, two)
+    assert writer.write(4, np.full(4, 4.0, np.float32)) is None  # the two others held: version 4 skipped
+    assert writer.payloads[one].tolist() == [1.0] * 4 and writer.payloads[two].tolist() == [2.0] * 4
+    assert slow.hold_newest() == (0, 3)  # moves on: its old slot is free again
+    assert writer.write(5, np.full(4, 5.0, np.float32)) == two
+    assert writer.payloads[one].tolist() == [1.0] * 4  # still held by the slower reader
+    slower.close()  # a reader that ends (or dies) lets its slot go
+    assert writer.write(6, np.full(4, 6.0, np.float32)) == one  # the oldest of the two that are not the newest
+
+
+def test_a_killed_holder_lets_its_slot_go(tmp_path):
+    """The lock is the reader's open file: a collector SIGKILLed while it holds a slot leaves nothing held."""
+    path = str(tmp_path / "board")
+    writer = WeightBoard.create(path, 4)
+    writer.write(1, np.full(4, 1.0, np.float32))
+    held = writer.write(2, np.full(4, 2.0, np.float32))
+    ready = multiprocessing.get_context("fork").Event()
+    child = multiprocessing.get_context("fork").Process(target=_hold_slot_then_wait, args=(path, ready))
+    child.start()
+    try:
+        assert ready.wait(10)
+        for version in range(3, 9):  # the two other slots take turns
+            assert writer.write(version, np.full(4, float(version), np.float32)) != held
+        assert writer.payloads[held].tolist() == [2.0] * 4
+    finally:
+        child.kill()
+        child.join(10)
+    assert held in [writer.write(version, np.full(4, float(version), np.float32)) for version in (9, 10)]
+
+
+def _hold_slot_then_wait(path: str, ready) -> None:
+    board = WeightBoard.open(path, 4)
+    board.hold_newest()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_zero_copy_subscriber_s_parameters_are_the_slot_it_holds(tmp_path, weights_net):
+    """A collector's model views the board's newest slot: the learner's values, no copy of its own, unchanged while
+    the learner publishes on (until it polls), the newest after it polls."""
+    net, endpoint = weights_net
+    board = str(tmp_path / "b")
+    pub = WeightPublisher(net, endpoint, "learner-0", board)
+    learner = QNetwork((4,), 2, (8,))
+    sub = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)), board, zero_copy=True)
+    wait_for(lambda: pub.wanted(NOTICE), 10, interval=0.01, what="the reader's subscription")
+    pub.publish(1, learner)
+    _poll_until((sub,), lambda: sub.version == 1)
+    held = parameter_digest(sub.model)
+    assert held == parameter_digest(learner)
+    start = sub.board.payloads[sub.board.held].ctypes.data
+    ptrs = [p.data_ptr() for p in sub.model.parameters()]
+    assert ptrs[0] == start and all(start <= ptr < start + 4 * sub.size for ptr in ptrs)
+    for version in range(2, 6):
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(1.0)
+        pub.publish(version, learner)
+        assert parameter_digest(sub.model) == held  # its slot is never the one written
+    assert pub.board_skips == 0
+    _poll_until((sub,), lambda: sub.version == 5)
+    assert parameter_digest(sub.model) == parameter_digest(learner)
+    pub.close()
 
 
 def test_local_subscribers_read_the_board_and_remote_ones_the_network(tmp_path, weights_net):

@@ -3,8 +3,8 @@
 Learner rank 0 publishes each new version in one or both of two forms, on one XPUB socket:
 
 * "weights": the flat float32 parameter vector, for subscribers on other hosts;
-* "weights-shared": a small notice naming version and slot of a `WeightBoard`, a two-slot file in /dev/shm that
-  the learner writes each version into (the slot it did not write last), for subscribers on its own host.
+* "weights-shared": a small notice naming version and slot of a `WeightBoard`, a file of SLOTS slots in /dev/shm
+  that the learner writes each version into, for subscribers on its own host.
 
 The plan names the board's file (RLCTL_WEIGHT_BOARD) for the processes on learner rank 0's host when any of them
 subscribes; a host without /dev/shm uses the network for everyone. Subscribers subscribe to the leading header
@@ -14,19 +14,32 @@ encryption, TCP and decryption (about 0.4 s on 2 cores) with one 40 MB write and
 
 A slot's header holds the version its payload is (-1 while being written) and the publisher's generation: a
 restarted learner continues from its checkpoint, so its versions repeat or go back, and subscribers order weights by
-(generation, version) instead of version alone. A notice only wakes a reader: it copies
-whichever slot holds the newest version, checking the header before and after, and retries once if the writer
-overtook the copy. A reader that falls behind (a busy collector among many on few cores finds its small queue full
+(generation, version) instead of version alone. A notice only wakes a reader: it takes whichever slot holds the
+newest version. A reader that falls behind (a busy collector among many on few cores finds its small queue full
 of old notices, whose slots were long rewritten) still gets the newest version: it once stayed on the weights it
 started with, 1,800 versions behind a 24-collector Ape-X job's learner.
+
+Readers take a slot in one of two ways:
+
+* copied (evaluator, inference servers): into their own parameters, the header checked before and after, retried
+  once if the writer overtook the copy;
+* held (collectors, `zero_copy`): their parameters become views of the slot itself, kept under a shared lock on
+  its bytes (an open-file-description lock, released when the reader moves on or dies) until they take a newer
+  one. The writer rewrites only a slot that no reader holds and that is not the newest (it skips a version when
+  every other slot is held, and writes the next one), so a held slot never changes under a collector's block.
+  A host's 62 collectors then hold one copy of a 10M-parameter net, not 62 (2.5 GB), and take a version in
+  microseconds instead of a 40 MB copy each.
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import stat
+import struct
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +51,11 @@ from rlctl.models import flat_parameters, load_flat_parameters, share_flat_stora
 
 FULL, NOTICE = "weights", "weights-shared"
 _HEADER = 64  # bytes before each slot's payload: int64 version, element count, generation; keeps payloads aligned
+# The newest version, one that collectors still hold while they finish a block with it, and one to write.
+SLOTS = 3
+# Open-file-description locks (Linux): held per open file, not per process, so two readers in one process (the
+# control-plane bench's simulated hosts) hold their slots apart; elsewhere readers copy.
+_OFD_LOCKS = hasattr(fcntl, "F_OFD_SETLK")
 
 # ZeroMQ encrypts each subscriber's copy on the I/O thread its connection belongs to, the whole version at once:
 # with one thread rank 0 sent a 10M-parameter version to 16 hosts' relays in turn (~0.09 s each, 2.8 s in all here;
@@ -71,26 +89,32 @@ def _open_board(path: str, writable: bool) -> int:
 
 
 class WeightBoard:
-    """A two-slot shared-memory file of float32 parameter vectors, each slot tagged with its version."""
+    """A file of SLOTS float32 parameter vectors in shared memory, each slot tagged with its version."""
 
     def __init__(self, path: str, size: int, writable: bool):
         self.path, self.size = path, size
         fd = _open_board(path, writable)
         try:
             self.inode = os.fstat(fd).st_ino
-            slot_bytes = _HEADER + -(-size * 4 // _HEADER) * _HEADER
-            if writable and os.fstat(fd).st_size != 2 * slot_bytes:
-                os.ftruncate(fd, 2 * slot_bytes)
-            elif os.fstat(fd).st_size != 2 * slot_bytes:
+            self.slot_bytes = slot_bytes = _HEADER + -(-size * 4 // _HEADER) * _HEADER
+            if writable and os.fstat(fd).st_size != SLOTS * slot_bytes:
+                os.ftruncate(fd, SLOTS * slot_bytes)
+            elif os.fstat(fd).st_size != SLOTS * slot_bytes:
                 raise ValueError(f"{path}: sized for another parameter count")
-            self._map = mmap.mmap(fd, 2 * slot_bytes, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-        finally:
+            self._map = mmap.mmap(fd, SLOTS * slot_bytes,
+                                  prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        except BaseException:
             os.close(fd)
-        self.headers = [np.ndarray((3,), np.int64, self._map, k * slot_bytes) for k in range(2)]
-        self.payloads = [np.ndarray((size,), np.float32, self._map, k * slot_bytes + _HEADER) for k in range(2)]
+            raise
+        self.fd = fd  # kept open: the slots' locks belong to it
+        self.headers = [np.ndarray((3,), np.int64, self._map, k * slot_bytes) for k in range(SLOTS)]
+        self.payloads = [np.ndarray((size,), np.float32, self._map, k * slot_bytes + _HEADER) for k in range(SLOTS)]
+        self.held: int | None = None  # the slot this reader holds (hold_newest)
         if writable:
-            for header in self.headers:
-                header[:] = (-1, size, -1)
+            for k, header in enumerate(self.headers):
+                if self._lock(k, fcntl.F_WRLCK):  # a slot a reader holds keeps its version (a restarted writer)
+                    header[:] = (-1, size, -1)
+                    self._lock(k, fcntl.F_UNLCK)
         elif any(header[1] != size for header in self.headers):
             raise ValueError(f"{path}: holds {self.headers[0][1]} parameters, not {size}")
 
@@ -104,9 +128,39 @@ class WeightBoard:
         """An existing board, read-only; ValueError if it holds another parameter count, OSError if missing."""
         return cls(path, size, writable=False)
 
-    def write(self, slot: int, version: int, params, generation: int = 0) -> None:
+    def _lock(self, slot: int, kind: int) -> bool:
+        """Take (F_RDLCK shared, F_WRLCK exclusive) or release (F_UNLCK) the lock on a slot's bytes without
+        waiting; False when another open file holds it the other way. Always True without OFD locks."""
+        if not _OFD_LOCKS:
+            return True
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
+        request = struct.pack("hhqqi", kind, os.SEEK_SET, slot * self.slot_bytes, self.slot_bytes, 0)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, request)
+        except (BlockingIOError, PermissionError):
+            return False
+        return True
+
+    def stamps(self) -> list[Stamp]:
+        """Each slot's (generation, version); NO_WEIGHTS for one empty or being written."""
+        return [(int(h[2]), int(h[0])) if h[0] >= 0 else NO_WEIGHTS for h in self.headers]
+
+    def write(self, version: int, params, generation: int = 0) -> int | None:
         """Store parameters (tensors, in flat_parameters order, or one flat float32 vector) as `version` of
-        `generation` in `slot`, copied straight in; readers of that slot see -1 until it is complete."""
+        `generation`, copied straight into the oldest slot that is neither the newest nor held by a reader; readers
+        of that slot see -1 until it is complete. The slot written, or None when every other slot is held."""
+        stamps = self.stamps()
+        newest = max(range(SLOTS), key=lambda k: stamps[k])
+        for slot in sorted((k for k in range(SLOTS) if k != newest), key=lambda k: stamps[k]):
+            if self._lock(slot, fcntl.F_WRLCK):
+                try:
+                    self._write_slot(slot, version, params, generation)
+                finally:
+                    self._lock(slot, fcntl.F_UNLCK)
+                return slot
+        return None
+
+    def _write_slot(self, slot: int, version: int, params, generation: int) -> None:
         header, payload = self.headers[slot], self.payloads[slot]
         header[0] = -1
         if isinstance(params, np.ndarray):
@@ -126,8 +180,8 @@ class WeightBoard:
         there yet, or if the writer overtook the copy twice (then `out` holds a mix, and the caller keeps its old
         stamp: the next notice brings newer weights)."""
         for _ in range(2):
-            stamps = [(int(header[2]), int(header[0])) if header[0] >= 0 else NO_WEIGHTS for header in self.headers]
-            slot = int(stamps[1] > stamps[0])
+            stamps = self.stamps()
+            slot = max(range(SLOTS), key=lambda k: stamps[k])
             stamp = stamps[slot]
             if stamp == NO_WEIGHTS:
                 return None
@@ -135,6 +189,37 @@ class WeightBoard:
             if (int(self.headers[slot][2]), int(self.headers[slot][0])) == stamp:
                 return stamp
         return None
+
+    def hold_newest(self) -> Stamp | None:
+        """Hold the slot of the newest complete weights (a shared lock on it, the slot held before released):
+        `payloads[held]` stays as it is until the next call. Its stamp, or None if none is complete (or the writer
+        overtook the choice twice), the slot held before then kept."""
+        for _ in range(2):
+            stamps = self.stamps()
+            slot = max(range(SLOTS), key=lambda k: stamps[k])
+            if stamps[slot] == NO_WEIGHTS:
+                return None
+            if slot == self.held:
+                return stamps[slot]
+            if not self._lock(slot, fcntl.F_RDLCK):
+                continue  # the writer is inside it: it has become the oldest since
+            stamp = self.stamps()[slot]  # what it holds now that nobody can rewrite it
+            if stamp == NO_WEIGHTS:
+                self._lock(slot, fcntl.F_UNLCK)
+                continue
+            if self.held is not None:
+                self._lock(self.held, fcntl.F_UNLCK)
+            self.held = slot
+            return stamp
+        return None
+
+    def close(self) -> None:
+        """Release the slot held and the file (mappings that parameters still view stay valid)."""
+        if self.fd >= 0:
+            if self.held is not None:  # explicitly: the mapping holds a duplicate of the file, and with it the lock
+                self._lock(self.held, fcntl.F_UNLCK)
+            os.close(self.fd)
+            self.fd, self.held = -1, None
 
 
 class WeightPublisher:
@@ -153,7 +238,8 @@ class WeightPublisher:
         self.topics: set[bytes] = set()
         self.joins = 0
         self.written: Stamp = NO_WEIGHTS  # (generation, version) in the board's newest slot
-        self.slot = 1
+        self.slot = 0
+        self.board_skips = 0  # versions not written to the board: every slot but the newest held by readers
         # Milliseconds since the epoch at start: each (re)start of the learner orders after the one before it.
         self.generation = time.time_ns() // 1_000_000 if generation is None else generation
 
@@ -198,10 +284,13 @@ class WeightPublisher:
                 size = params.size if isinstance(params, np.ndarray) else sum(p.numel() for p in params)
                 self.board = WeightBoard.create(self.board_file, size)
             if (generation, version) != self.written:  # a re-publication of the same version rewrites nothing
-                self.slot ^= 1
-                self.board.write(self.slot, version, params, generation)
-                self.written = (generation, version)
-            wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
+                slot = self.board.write(version, params, generation)
+                if slot is None:  # every other slot held by a collector: the next version goes in
+                    self.board_skips += 1
+                else:
+                    self.slot, self.written = slot, (generation, version)
+            if self.written == (generation, version):
+                wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
         if self.wanted(FULL):
             wire.send(self.sock, FULL, self.sender, version, {"gen": generation}, {"params": vector()})
 
@@ -214,17 +303,23 @@ class WeightPublisher:
 class WeightSubscriber:
     """SUB socket on the learner's weight publications; keeps only the newest, never blocks.
 
-    With `board` (the board's path on this host) it subscribes to notices only and copies from the board.
+    With `board` (the board's path on this host) it subscribes to notices only and copies from the board, or with
+    `zero_copy` (where the board's slots can be locked and the parameters are float32 on the CPU) holds the newest
+    slot and makes the model's parameters views of it: they are then read-only, and change only in `poll`.
     """
 
     def __init__(self, net: wire.SecureContext, endpoint: str | list[str], model: torch.nn.Module,
-                 board: str | None = None):
-        self.size = sum(p.numel() for p in model.parameters())
+                 board: str | None = None, zero_copy: bool = False):
+        params = list(model.parameters())
+        self.size = sum(p.numel() for p in params)
+        self.zero_copy = bool(zero_copy and board and _OFD_LOCKS and params
+                              and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params))
         # No frame past one parameter vector of this model is received at all.
         self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2,
                                maxmsgsize=wire.CONTROL_MAXMSGSIZE + 4 * self.size)
         self.model = model
-        self.flat = share_flat_storage(model)  # None: load parameter by parameter
+        # None: load parameter by parameter (or, zero-copy, view the slot held)
+        self.flat = None if self.zero_copy else share_flat_storage(model)
         self.board_file = board
         self.board: WeightBoard | None = None
         self.stamp: Stamp = NO_WEIGHTS
@@ -294,6 +389,7 @@ class WeightSubscriber:
             except OSError:
                 moved = False
             if moved:
+                self.board.close()  # parameters viewing its slot keep the mapping
                 self.board = None
                 stamp = self._read_board()
         return stamp
@@ -304,8 +400,23 @@ class WeightSubscriber:
                 self.board = WeightBoard.open(self.board_file, self.size)
             except (OSError, ValueError):
                 return None
+        if self.zero_copy:
+            stamp = self.board.hold_newest()
+            if stamp is not None and stamp > self.stamp:
+                self._view(self.board.payloads[self.board.held])
+            return stamp
         if self.flat is not None:
             return self.board.read_newest(self.flat)
         scratch = np.empty(self.size, dtype=np.float32)
         stamp = self.board.read_newest(scratch)
         return stamp if stamp is not None and self._load(scratch) else None
+
+    def _view(self, payload: np.ndarray) -> None:
+        """Make the model's parameters views of a held slot's payload (flat_parameters order)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only memory: nothing here writes parameters
+            flat = torch.from_numpy(payload)
+        offset = 0
+        for p in self.model.parameters():
+            p.data = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()

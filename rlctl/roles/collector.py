@@ -42,7 +42,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     info = env_space_info(env)
     model = build_model(rc.job, info)
     model.eval()
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
+    # On a board's host the policy is the newest slot itself (weights change only between blocks, as it does).
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board, zero_copy=True)
     actor = build_actor(rc, info, model, env.num_envs)
     sender = rc.job.data_path.senders(net, rc.endpoints, rc.job, info, rc.name, collector=rc.rank)[0]
     rc.say(f"{env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
