@@ -81,6 +81,9 @@ INFERENCE_WEIGHT_VERSION = "inference/weight_version"
 RELAY_VERSIONS_PER_S = "relay/versions_per_s"  # new versions taken from learner rank 0 and handed on
 RELAY_WEIGHT_VERSION = "relay/weight_version"
 RELAY_REPORTS = "relay/reports"  # hellos and heartbeats of its host's processes taken and bundled, since its start
+# Learner rank 0 and relays: versions not written to their board because every slot but the newest was held by a
+# collector (rlctl.net.weights), since the process started; the collectors there then hold an older version.
+WEIGHT_BOARD_SKIPS = "weights/board_skips"
 
 # Evaluator.
 EVAL_RETURN_MEAN = "eval/return_mean"

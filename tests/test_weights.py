@@ -132,6 +132,32 @@ def test_a_zero_copy_subscriber_s_parameters_are_the_slot_it_holds(tmp_path, wei
     pub.close()
 
 
+def test_a_version_with_no_free_slot_is_skipped_counted_and_written_when_published_again(tmp_path, weights_net):
+    """Two collectors hold the two older slots: the learner's next version goes nowhere (no notice, one skip), and
+    its re-publication, once one of them has moved on, reaches them both."""
+    net, endpoint = weights_net
+    board = str(tmp_path / "b")
+    pub = WeightPublisher(net, endpoint, "learner-0", board)
+    learner = QNetwork((4,), 2, (8,))
+    first, second = (WeightSubscriber(net, endpoint, QNetwork((4,), 2, (8,)), board, zero_copy=True)
+                     for _ in range(2))
+    wait_for(lambda: pub.wanted(NOTICE), 10, interval=0.01, what="the readers' subscriptions")
+    pub.publish(1, learner)
+    _poll_until((first,), lambda: first.version == 1)
+    pub.publish(2, learner)
+    _poll_until((second,), lambda: second.version == 2)
+    pub.publish(3, learner)  # into the third slot
+    pub.publish(4, learner)  # 1 and 2 held, 3 the newest
+    assert pub.board_skips == 1 and pub.written[1] == 3
+    time.sleep(0.2)
+    first.poll()  # takes 3, lets 1 go
+    assert first.version == 3
+    pub.publish(4, learner)
+    _poll_until((first, second), lambda: first.version == second.version == 4)
+    assert pub.board_skips == 1
+    pub.close()
+
+
 def test_local_subscribers_read_the_board_and_remote_ones_the_network(tmp_path, weights_net):
     net, endpoint = weights_net
     board = str(tmp_path / "rlctl-t-weights")

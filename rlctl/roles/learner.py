@@ -277,7 +277,8 @@ class LearnerShell:
             M.NONFINITE_UPDATES: self.core.nonfinite_steps,
             M.UPDATES_PER_S: (self.updates - window.first_update) / dt,
             M.SAMPLES_PER_S: window.samples * self.world / dt, M.DATA_WAIT_FRAC: window.wait_s / dt,
-            **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {})})
+            **({M.DIGEST_CHAIN: self.chain} if self.world > 1 else {}),
+            **({M.WEIGHT_BOARD_SKIPS: self.pub.board_skips} if self.pub is not None and self.pub.board else {})})
 
     def finish(self) -> None:
         """After the stop: the last version published and checkpointed (rank 0), and the final heartbeat."""

@@ -169,6 +169,7 @@ def serve(weights: list[WeightRelay], gather: ControlGather, control: ControlCli
             control.heartbeat({M.RELAY_VERSIONS_PER_S: (relayed - last_n) / max(now - last_t, 1e-9),
                                M.RELAY_WEIGHT_VERSION: weights[0].upstream.version,
                                M.RELAY_REPORTS: bundle.taken,
+                               M.WEIGHT_BOARD_SKIPS: sum(r.local.board_skips for r in weights),
                                M.NET_DROPPED: sum(r.upstream.dropped for r in weights) + gather.dropped})
             last_n, last_t = relayed, now
     gather.take_waiting()
