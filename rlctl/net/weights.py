@@ -10,7 +10,8 @@ The plan names the board's file (RLCTL_WEIGHT_BOARD) for the processes on learne
 subscribes; a host without /dev/shm uses the network for everyone. Subscribers subscribe to the leading header
 bytes of one kind (`wire.kind_prefix`), and the publisher produces a form only while someone subscribes to it
 (XPUB reports subscriptions). For a 10M-parameter net and 4 local collectors this replaces 4 x 40 MB of CURVE
-encryption, TCP and decryption (about 0.4 s on 2 cores) with one 40 MB write and one 40 MB copy per reader.
+encryption, TCP and decryption (about 0.4 s on 2 cores) with one 40 MB write (and a 40 MB copy for each reader
+that copies; collectors hold the slot instead, below).
 
 A slot's header holds the version its payload is (-1 while being written) and the publisher's generation: a
 restarted learner continues from its checkpoint, so its versions repeat or go back, and subscribers order weights by
@@ -145,12 +146,17 @@ class WeightBoard:
         """Each slot's (generation, version); NO_WEIGHTS for one empty or being written."""
         return [(int(h[2]), int(h[0])) if h[0] >= 0 else NO_WEIGHTS for h in self.headers]
 
+    def newest(self) -> tuple[int, Stamp]:
+        """The slot of the newest complete weights and their stamp (NO_WEIGHTS: none yet)."""
+        stamps = self.stamps()
+        slot = max(range(SLOTS), key=lambda k: stamps[k])
+        return slot, stamps[slot]
+
     def write(self, version: int, params, generation: int = 0) -> int | None:
         """Store parameters (tensors, in flat_parameters order, or one flat float32 vector) as `version` of
         `generation`, copied straight into the oldest slot that is neither the newest nor held by a reader; readers
         of that slot see -1 until it is complete. The slot written, or None when every other slot is held."""
-        stamps = self.stamps()
-        newest = max(range(SLOTS), key=lambda k: stamps[k])
+        stamps, newest = self.stamps(), self.newest()[0]
         for slot in sorted((k for k in range(SLOTS) if k != newest), key=lambda k: stamps[k]):
             if self._lock(slot, fcntl.F_WRLCK):
                 try:
@@ -180,9 +186,7 @@ class WeightBoard:
         there yet, or if the writer overtook the copy twice (then `out` holds a mix, and the caller keeps its old
         stamp: the next notice brings newer weights)."""
         for _ in range(2):
-            stamps = self.stamps()
-            slot = max(range(SLOTS), key=lambda k: stamps[k])
-            stamp = stamps[slot]
+            slot, stamp = self.newest()
             if stamp == NO_WEIGHTS:
                 return None
             np.copyto(out, self.payloads[slot])
@@ -195,12 +199,11 @@ class WeightBoard:
         `payloads[held]` stays as it is until the next call. Its stamp, or None if none is complete (or the writer
         overtook the choice twice), the slot held before then kept."""
         for _ in range(2):
-            stamps = self.stamps()
-            slot = max(range(SLOTS), key=lambda k: stamps[k])
-            if stamps[slot] == NO_WEIGHTS:
+            slot, stamp = self.newest()
+            if stamp == NO_WEIGHTS:
                 return None
             if slot == self.held:
-                return stamps[slot]
+                return stamp
             if not self._lock(slot, fcntl.F_RDLCK):
                 continue  # the writer is inside it: it has become the oldest since
             stamp = self.stamps()[slot]  # what it holds now that nobody can rewrite it
