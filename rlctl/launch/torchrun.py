@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse torchrun's arguments and launch; a module run with fork start becomes an in-place run of its file."""
     # The ranks stop by themselves when the supervisor dies; this agent ends them with SIGTERM (its own handler
     # kills the workers) if they have not, then exits.
-    from rlctl.roles.context import ORPHAN_GRACE_S, watch_supervisor
+    from rlctl.roles.supervisor_watch import ORPHAN_GRACE_S, watch_supervisor
 
     watch_supervisor(lambda: threading.Timer(ORPHAN_GRACE_S - 1.0, os.kill, (os.getpid(), signal.SIGTERM)).start(),
                      grace_s=ORPHAN_GRACE_S + 0.5)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -19,12 +17,10 @@ from rlctl import events
 from rlctl import metric_names as M
 from rlctl.net import wire
 from rlctl.roles.metrics_line import MetricsLine
-from rlctl.liveness import pid_alive
-from rlctl.run_logs import stamp
+from rlctl.roles.supervisor_watch import SupervisorWatch, watch_supervisor
 from rlctl.job.load import load_job
 from rlctl.launch.hosts import CONTROL_VIA_ENV, WEIGHTS_VIA_ENV
 from rlctl.job.spec import JobSpec
-from rlctl.tether import SUPERVISOR_PID_ENV
 from rlctl.role_names import Role
 
 
@@ -109,11 +105,14 @@ class StopFlag:
         self.requested = False
         self.signalled = False  # the stop was asked by SIGTERM/SIGINT
         self.orphaned = False  # the stop was asked by the supervisor's watch: nobody waits on this process
+        self.watch: SupervisorWatch | None = None
         signal.signal(signal.SIGTERM, self._set)
         signal.signal(signal.SIGINT, self._set)
 
     def _set(self, signum, frame) -> None:
         self.requested = self.signalled = True
+        if self.watch is not None:
+            self.watch.notice_if_gone()  # a signal caused by the supervisor's death: stop as its orphan
 
     def orphan(self) -> None:
         """Stop because the supervisor is gone."""
@@ -174,53 +173,6 @@ class ControlClient:
         line = self.metrics_line.flush()
         if line is not None:
             self.rc.say(line)
-
-
-LOG_FILE_ENV = "RLCTL_LOG_FILE"
-ORPHAN_GRACE_S = 4.0  # a process whose supervisor died stops by itself; past this it exits at once
-
-
-def watch_supervisor(on_gone, grace_s: float = ORPHAN_GRACE_S) -> threading.Thread | None:
-    """When the local supervisor that started this process dies (SIGKILL, OOM), call `on_gone()` so the process
-    stops by itself (final checkpoint, snapshot), and exit it after `grace_s` if it has not. Its output pipe died
-    with the supervisor: stdout and stderr go to its log file from then on. None where no supervisor is named."""
-    try:
-        pid = int(os.environ.get(SUPERVISOR_PID_ENV, ""))
-    except ValueError:
-        return None
-    log_file = os.environ.get(LOG_FILE_ENV)
-
-    def wait() -> None:
-        try:
-            fd = os.pidfd_open(pid)  # race-free: woken the moment that very process exits
-        except ProcessLookupError:
-            fd = None
-        except OSError:  # no pidfd (old kernel): look once a quarter second
-            while pid_alive(pid):
-                time.sleep(0.25)
-            fd = None
-        if fd is not None:
-            select.select([fd], [], [])
-            os.close(fd)
-        if log_file:
-            try:
-                out = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                os.dup2(out, 1)
-                os.dup2(out, 2)
-                os.close(out)
-            except OSError:
-                pass
-        why = f"supervisor (pid {pid}) is gone: stopping"
-        gone = events.line("exit", reason=events.EXIT_SUPERVISOR_GONE, detail=why)
-        print(f"{stamp()} {gone}", flush=True)
-        wire.drop_unsent_on_close()
-        on_gone()
-        time.sleep(grace_s)
-        os._exit(3)
-
-    thread = threading.Thread(target=wait, name="supervisor-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 def set_torch_threads() -> int:
@@ -294,7 +246,7 @@ def role_main(run) -> None:
         from rlctl.launch.plan import core_ranges
 
         print(f"pinned to CPU cores {core_ranges(cores)} (pid {os.getpid()})", flush=True)
-    watch_supervisor(stop.orphan)
+    stop.watch = watch_supervisor(stop.orphan)
     try:
         run(RoleContext.from_env(), stop)
     except Exception as exc:

@@ -16,7 +16,8 @@ from rlctl.launch.forkserver import FORKED_MODULES, ForkServer
 from rlctl.launch.hosts import SECRET_ENV
 from rlctl.launch.plan import LaunchPlan
 from rlctl.supervise.process_table import ProcessHandle
-from rlctl.roles.context import LOG_FILE_ENV, SUPERVISOR_PID_ENV
+from rlctl.roles.supervisor_watch import LOG_FILE_ENV
+from rlctl.tether import SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir
 from rlctl.job.spec import JobSpec
 
