@@ -236,6 +236,7 @@ def child_host() -> None:
         weight_eps = {"1m": from_address(cfg["endpoints"]["weights"], address),
                       "10m": from_address(cfg["weights_10m"], address)}
         boards = {"1m": None, "10m": None}
+    bulk = {size: from_address(ep, address) for size, ep in cfg["bulk"].items()} if cfg["bulk"] and not relay else {}
     models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
     # Without relays every subscriber of a size loads into the host's one model of that size (each copy is made; the
     # memory of one model per collector, 40 MB at 10M parameters, is not): its flat buffer, made once.
@@ -249,7 +250,7 @@ def child_host() -> None:
     for name, rank, keys_env in cfg["collectors"]:  # subscriptions first: the hellos then go out together
         net = SharedContext(wire.CurveKeys.from_env(keys_env), ctx)
         # As a collector's own: on a board, zero-copy (the slot held is its policy).
-        subs = {size: WeightSubscriber(net, ep, models[size], boards[size], zero_copy=True)
+        subs = {size: WeightSubscriber(net, ep, models[size], boards[size], zero_copy=True, bulk=bulk.get(size))
                 for size, ep in weight_eps.items()}
         members.append((name, rank, net, subs))
     for name, rank, net, subs in members:
@@ -262,8 +263,9 @@ def child_host() -> None:
             M.ENV_STEPS_PER_S: time.time()})  # the stamp rides in the one figure state.json shows per process
         control.next_at = time.monotonic() + random.random() * control.interval  # collectors start spread out
         for size, sub in subs.items():
-            poller.register(sub.sock, zmq.POLLIN)
-            subscriber_of[sub.sock] = (name, size, sub)
+            for sock in sub.sockets:
+                poller.register(sock, zmq.POLLIN)
+                subscriber_of[sock] = (name, size, sub)
         heapq.heappush(queue, (min(control.next_at, episodes.next_end), rank, collector))
     print(f"{cfg['host']}: {len(cfg['collectors'])} collectors from {address}", flush=True)
     stop = stop_on_sigterm()
@@ -294,7 +296,7 @@ def child_relay() -> None:
     from rlctl.roles.context import ControlClient, RoleContext
     from rlctl.launch.plan import relay_parents
     from rlctl.net.weights import PUBLISHER_IO_THREADS
-    from rlctl.roles.relay import ControlGather, WeightRelay, serve
+    from rlctl.roles.relay import ControlGather, SealedLinks, WeightRelay, serve
 
     cfg, stop = child_setup(NICE_RELAY), stop_on_sigterm()
     # A tree of relays (rlctl.launch.plan.relay_tree): past the fanout, from the relay above, rank 0 its fallback.
@@ -319,8 +321,14 @@ def child_relay() -> None:
 
         def __init__(self, size: str, hidden: list[int]):
             binds = [relay["weights"][size], *([tree_endpoint(cfg, cfg["rank"], size)] if below else [])]
+            bulk = None
+            if cfg["bulk"]:
+                bulk = SealedLinks(from_address(cfg["bulk"][size] if above is None
+                                                else tree_endpoint(cfg, above, size, bulk=True), address),
+                                   None if above is None else from_address(cfg["bulk"][size], address),
+                                   tree_endpoint(cfg, cfg["rank"], size, bulk=True) if below else None)
             super().__init__(net, upstream[size], binds, rc.name, relay["boards"][size], qnet(hidden),
-                             root=None if above is None else from_address(root[size], address))
+                             root=None if above is None else from_address(root[size], address), bulk=bulk)
             self.size = size
 
         def step(self, timeout_ms: int) -> bool:
@@ -355,8 +363,9 @@ def child_learner() -> None:
                      endpoints=cfg["endpoints"], checkpoint_dir="", keys=net.keys, binds={})
     control = ControlClient(net, rc)
     models = {size: qnet(hidden) for size, hidden in HIDDEN.items()}
-    pubs = {"1m": WeightPublisher(net, cfg["endpoints"]["weights"], "learner-0"),
-            "10m": WeightPublisher(net, cfg["weights_10m"], "learner-0")}
+    bulk = cfg["bulk"] or {}
+    pubs = {"1m": WeightPublisher(net, cfg["endpoints"]["weights"], "learner-0", bulk=bulk.get("1m")),
+            "10m": WeightPublisher(net, cfg["weights_10m"], "learner-0", bulk=bulk.get("10m"))}
     commands = net.ctx.socket(zmq.PULL)
     commands.connect(cfg["commands"])
     report = net.ctx.socket(zmq.PUSH)
@@ -365,6 +374,9 @@ def child_learner() -> None:
     print(f"learner stand-in: {', '.join(f'{s} {sum(p.numel() for p in m.parameters()):,}' for s, m in models.items())}"
           " parameters", flush=True)
     joins = {size: 0 for size in pubs}
+    # Sealed, as the learner does: the current version again to subscribers that joined (the seal names the bulk
+    # socket's token, and a ciphertext reaches them once they subscribed to it), at most every 0.2 s.
+    current, welcomed, republished = {size: 0 for size in pubs}, {size: 0 for size in pubs}, 0.0
     while not stop and not control.stop_requested():
         if control.due():
             control.heartbeat({M.UPDATES: 0, M.UPDATES_PER_S: 0.0, M.SAMPLES_PER_S: 0.0})
@@ -373,10 +385,16 @@ def child_learner() -> None:
             if pub.joins != joins[size]:
                 joins[size] = pub.joins
                 report.send_json({"joins": size, "n": pub.joins})
+            if pub.bulk is not None and time.monotonic() >= republished + 0.2:
+                pub.bulk.read_subscriptions()
+                if pub.bulk.joins or pub.joins != welcomed[size]:
+                    pub.bulk.joins, welcomed[size], republished = 0, pub.joins, time.monotonic()
+                    pub.publish(current[size], models[size])
         if commands.poll(50):
             cmd = commands.recv_json()
             t = time.time()
             pubs[cmd["size"]].publish(cmd["version"], models[cmd["size"]])
+            current[cmd["size"]] = cmd["version"]
             report.send_json({"published": cmd["size"], "version": cmd["version"], "t": t})
     net.close()
 
@@ -434,9 +452,10 @@ def relay_endpoints(cfg: dict, k: int) -> dict:
             "boards": {size: f"/dev/shm/{cfg['board_prefix']}-r{k}-{size}" for size in HIDDEN}}
 
 
-def tree_endpoint(cfg: dict, k: int, size: str) -> str:
-    """Where relay k hands `size` on to the relays below it (at its simulated host's address)."""
-    return f"tcp://127.0.0.{k + 2}:{cfg['tree_ports'][size]}"
+def tree_endpoint(cfg: dict, k: int, size: str, bulk: bool = False) -> str:
+    """Where relay k hands `size` on to the relays below it (at its simulated host's address); `bulk`: the sealed
+    versions' bulk socket beside it."""
+    return f"tcp://127.0.0.{k + 2}:{cfg['tree_bulk_ports' if bulk else 'tree_ports'][size]}"
 
 
 def with_relays(plan, cfg: dict):
@@ -488,7 +507,8 @@ class SimulatedStarter:
     def start_all(self, handles, stopping, meanwhile) -> None:
         common = {"job": self.job, "run_id": self.plan.run_id, "endpoints": self.plan.endpoints,
                   "weights_10m": self.cfg["weights_10m"], "report": self.cfg["report"], "hosts": self.cfg["hosts"],
-                  "relay_fanout": self.cfg["relay_fanout"], "tree_ports": self.cfg["tree_ports"]}
+                  "relay_fanout": self.cfg["relay_fanout"], "tree_ports": self.cfg["tree_ports"],
+                  "bulk": self.cfg["bulk"], "tree_bulk_ports": self.cfg["tree_bulk_ports"]}
         learner = [h for h in handles if h.spec.role == Role.LEARNER]
         self._spawn("--child-learner", {**common, "keys": self.keys["learner-0"].to_env(),
                                         "commands": self.cfg["commands"]}, learner, "learner-0.log")
@@ -695,7 +715,10 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
         "report": reports.endpoint, "commands": commands_ep, "hosts": hosts, "relays": args.relays,
         "sockets": sockets, "board_prefix": board_prefix,
         "weights_10m": f"tcp://127.0.0.1:{H.free_ports(1)[0]}", "episodes_per_s": args.episodes_per_s,
-        "relay_fanout": args.relay_fanout, "tree_ports": dict(zip(HIDDEN, H.free_ports(2)))}))
+        "relay_fanout": args.relay_fanout, "tree_ports": dict(zip(HIDDEN, H.free_ports(2))),
+        # Sealed versions (rlctl.net.sealed): rank 0's and the tree's bulk sockets per size; None: CURVE copies.
+        "bulk": {size: f"tcp://127.0.0.1:{port}" for size, port in zip(HIDDEN, H.free_ports(2))} if args.sealed
+        else None, "tree_bulk_ports": dict(zip(HIDDEN, H.free_ports(2)))}))
     watch = StateWatch(runs)
     env = {**os.environ, "PYTHONPATH": str(H.REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(runs / "supervisor.out", "wb") as out:
@@ -715,8 +738,10 @@ def run_cell(collectors: int, hosts: int, args, tmp: Path) -> dict:
             up = sum(p["state"] == "running" for p in procs)
             # Rank 0's subscribers: the collectors, or with relays the relays under it (the others' collectors
             # subscribe at their relays, those relays at the relays above them).
+            # Sealed, also every collector holding the first version (its subscription to the ciphertexts made).
             if up == processes and min(reports.joins.values()) >= (
-                    min(hosts, args.relay_fanout) if args.relays else collectors):
+                    min(hosts, args.relay_fanout) if args.relays else collectors) and (
+                    not args.sealed or min(len(held) for held in reports.newest.values()) == collectors):
                 break
             if time.monotonic() > deadline:
                 state = watch.snapshot()
@@ -834,6 +859,8 @@ def main() -> None:
     ap.add_argument("--child-relay", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-relays", dest="relays", action="store_false",
                     help="every collector talks to the supervisor and learner rank 0 itself (the design before relays)")
+    ap.add_argument("--no-sealed", dest="sealed", action="store_false",
+                    help="every copy of a version over CURVE (the design before rlctl.net.sealed)")
     ap.add_argument("--relay-fanout", type=int, default=None,
                     help="relays that one sender hands a version to (default: network.relay_fanout's; past it, a "
                          "tree)")
@@ -863,7 +890,7 @@ def main() -> None:
           f"cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
           f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
           f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
-    result = {"bench": "control_plane", "relays": args.relays, "relay_fanout": args.relay_fanout,
+    result = {"bench": "control_plane", "relays": args.relays, "sealed": args.sealed, "relay_fanout": args.relay_fanout,
               **{f"target_{k}": v for k, v in TARGETS.items()}}
     with H.TempDir() as tmp:
         for c, h in cells:

@@ -14,10 +14,12 @@ one is measured alone.
 
 Three paths: the headline is the local one (the collectors share learner rank 0's host and
 read a shared-memory weight board, RLCTL_WEIGHT_BOARD, as the plan arranges for a local job);
-beside it, the network one (the parameter vector over CURVE to each collector, as collectors on
-other hosts got it before weights relays, here over loopback), and the relay one (one CURVE copy
-to a weights relay process, rlctl.roles.relay, which hands it to the 4 collectors through its
-own board, as the plan now arranges on every other host with more than one collector).
+beside it, the network one (each version to each collector from another host, here over
+loopback: sealed once, rlctl.net.sealed, as a collector alone on its host takes it now), and the
+relay one (one sealed copy to a weights relay process, rlctl.roles.relay, which hands it to the 4
+collectors through its own board, as the plan arranges on every other host with more than one
+collector). The network and relay paths run again with every copy over CURVE (`..._curve`: the
+design before sealing), in the same invocation, as their baseline.
 
 Two networks: jobs/apex.toml's [model] (CartPole net) and a ~10M-parameter QNetwork.
 Targets: median <= 5 ms (small), <= 100 ms (10M).
@@ -29,7 +31,9 @@ transport, encryption, loading, and (the rest) the collectors' own loop and CPU 
 
 Last line: {"bench": "weights", "latency_ms_small": ..., "latency_ms_10m": ...,
 "latency_ms_small_network": ..., "latency_ms_10m_network": ..., "latency_ms_small_relay": ...,
-"latency_ms_10m_relay": ..., "relay_vs_network_10m": ...} (medians; the ratio is relay over network).
+"latency_ms_10m_relay": ..., "relay_vs_network_10m": ..., "latency_ms_10m_network_curve": ...,
+"latency_ms_10m_relay_curve": ..., "sealed_vs_curve_10m_network": ..., "sealed_vs_curve_10m_relay": ...}
+(medians; the ratios are relay over network, and sealed over CURVE).
 """
 
 from __future__ import annotations
@@ -150,9 +154,9 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
     """Publish `publishes` times to 4 collectors (or, with `echo`, to 4 diagnostic subscribers) and time them.
 
     `path` "local": the collectors share learner rank 0's host as in a local job (RLCTL_WEIGHT_BOARD: shared memory);
-    "network": they subscribe to the parameter vector over CURVE, as collectors on other hosts did before relays;
-    "relay": as collectors on another host do now, through their host's weights relay (rlctl.roles.relay, one
-    CURVE subscriber of rank 0) and its board.
+    "network": they take each version from rank 0 sealed (rlctl.net.sealed), as a collector alone on another host;
+    "relay": as collectors on another host with more do, through their host's weights relay (rlctl.roles.relay, one
+    sealed subscriber of rank 0) and its board. "network_curve", "relay_curve": the same with every copy over CURVE.
     """
     from rlctl.models import flat_parameters
     from rlctl.launch.remote import weight_board_file
@@ -165,6 +169,9 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
                            name=f"weights-{label}.toml")
     keys = H.generate_keys()
     endpoints, _ = H.make_endpoints(replay_shards=1)
+    path, curve = path.removesuffix("_curve"), path.endswith("_curve")
+    if path != "local" and not curve and not echo:  # as the plan gives rank 0 and every subscriber
+        endpoints["weights_bulk"] = f"tcp://127.0.0.1:{H.free_ports(1)[0]}"
     control = H.ControlRouter(keys, endpoints["control"])
     net = wire.SecureContext(keys)
     if echo == "plain":
@@ -178,7 +185,8 @@ def run_case(label: str, hidden: list[int], publishes: int, gap_s: tuple[float, 
         sink = Sink(net, endpoints["replay"][0]["experience"])
     else:
         board_file = weight_board_file(f"bench-{label}", str(tmp)) if path == "local" else None  # as the plan does
-        publisher = WeightPublisher(net, endpoints["weights"], "learner-0", board_file)  # as learner rank 0
+        publisher = WeightPublisher(net, endpoints["weights"], "learner-0", board_file,  # as learner rank 0
+                                    bulk=endpoints.get("weights_bulk"))
         sink = Sink(net, endpoints["replay"][0]["experience"])
     names = [f"collector-{r}" for r in range(N_COLLECTORS)]
     procs = []
@@ -279,19 +287,21 @@ def main() -> None:
              ("10m", HIDDEN_10M, args.publishes or (8 if args.quick else 30), (0.05, 0.15), 20.0)]
     if args.only:
         cases = [c for c in cases if c[0] == args.only]
-    print(f"weights bench: {N_COLLECTORS} collectors (send_batch 1, n_step 1, 8 envs each), CURVE over loopback; "
+    print(f"weights bench: {N_COLLECTORS} collectors (send_batch 1, n_step 1, 8 envs each), over loopback; "
           f"{os.cpu_count()} CPUs (shared)")
     out = {}
     with H.TempDir() as tmp:
         for label, hidden, n_pub, gap, timeout in cases:
             print(f"  {label:5s} hidden {hidden}:")
-            for path in ("local", "network", "relay"):
+            for path in ("local", "network", "relay", "network_curve", "relay_curve"):
                 r = run_case(label, hidden, n_pub, gap, timeout, tmp, path=path)
                 out[label if path == "local" else f"{label}_{path}"] = r
                 target = TARGET_MS[label]
                 how = {"local": "shared-memory board, as on learner rank 0's host",
-                       "network": "parameter vector over CURVE to each collector, as to other hosts before relays",
-                       "relay": "one CURVE copy to the host's relay, then its board, as to other hosts now"}[path]
+                       "network": "sealed once, to each collector, as to a collector alone on another host",
+                       "relay": "one sealed copy to the host's relay, then its board, as to other hosts",
+                       "network_curve": "the parameter vector over CURVE to each collector (before sealing)",
+                       "relay_curve": "one CURVE copy to the host's relay, then its board (before sealing)"}[path]
                 print(f"    {path} ({how}): {r['params']:,} parameters ({r['mbytes']:.2f} MB float32)")
                 print(f"        latency over {len(r['latencies_ms'])} publishes: median {r['median_ms']:.2f} ms, "
                       f"p90 {r['p90_ms']:.2f} ms (min {r['min_ms']:.2f}, max {r['max_ms']:.2f}); lost {r['lost']}")
@@ -322,6 +332,12 @@ def main() -> None:
                  "latency_ms_10m_relay": figure("10m_relay", "median_ms"),
                  "relay_vs_network_10m": (round(out["10m_relay"]["median_ms"] / out["10m_network"]["median_ms"], 3)
                                           if "10m_relay" in out and out["10m_network"]["median_ms"] else None),
+                 "latency_ms_10m_network_curve": figure("10m_network_curve", "median_ms"),
+                 "latency_ms_10m_relay_curve": figure("10m_relay_curve", "median_ms"),
+                 **{f"sealed_vs_curve_10m_{path}": (round(out[f"10m_{path}"]["median_ms"]
+                                                          / out[f"10m_{path}_curve"]["median_ms"], 3)
+                                                    if f"10m_{path}_curve" in out else None)
+                    for path in ("network", "relay")},
                  "p90_ms_small": figure("small", "p90_ms"), "p90_ms_10m": figure("10m", "p90_ms"),
                  "params_10m": out["10m"]["params"] if "10m" in out else None,
                  **{f"breakdown_ms_{k}": {e: round(v, 3) for e, v in r["breakdown_ms"].items()}

@@ -82,7 +82,7 @@ def bind_ports(p: LaunchPlan) -> list[int]:
 
 def endpoint_ports(p: LaunchPlan) -> list[int]:
     ep = p.endpoints
-    addrs = [ep["control"], ep["weights"], ep["rendezvous"]]
+    addrs = [ep["control"], ep["weights"], ep["weights_bulk"], ep["rendezvous"]]
     addrs += [a for r in ep["replay"] for a in (r["experience"], r["sample"])]
     return [int(a.rsplit(":", 1)[1]) for a in addrs]
 
@@ -193,7 +193,7 @@ def test_local_job_binds_loopback_only():
     assert all(r["experience"].startswith("tcp://127.0.0.1:") for r in ep["replay"])
     procs = by_name(p)
     assert set(procs["replay-0"].binds) == {"experience", "sample"}
-    assert set(procs["learner-0"].binds) == {"weights", "rendezvous"}
+    assert set(procs["learner-0"].binds) == {"weights", "weights_bulk", "rendezvous"}
     assert procs["collector-0"].binds == {} and procs["evaluator-0"].binds == {}
 
 
@@ -377,12 +377,16 @@ def test_relays_past_the_fanout_take_weights_from_a_relay_above_them(remote_spec
     p = make_plan(spec, RUN_ID, RUN_DIR, 42000, python=PY, keys_env=SECRET, board_token="t0k")
     procs = by_name(p)
     above, below = procs["relay-0"], procs["relay-1"]
-    port = PortLayout(spec, 42000).relay_tree
+    port, bulk = PortLayout(spec, 42000).relay_tree, PortLayout(spec, 42000).relay_tree_bulk
     # relay-0 (gpu-box) binds the tree's port besides its host's socket; relay-1 (cpu-box) subscribes there, and
     # knows rank 0's endpoint to fall back on; relay-0 takes rank 0's.
     assert above.binds["weights_tree"] == f"tcp://0.0.0.0:{port}" and "RLCTL_WEIGHTS_VIA" not in above.env
     assert below.env["RLCTL_WEIGHTS_VIA"] == f"tcp://10.0.0.5:{port}" and "weights_tree" not in below.binds
     assert port in p.ports() and port < 42000 + ports_needed(spec)
+    # ... and the sealed versions' bulk socket beside it (rlctl.net.sealed).
+    assert above.binds["weights_tree_bulk"] == f"tcp://0.0.0.0:{bulk}" and "RLCTL_WEIGHTS_BULK_VIA" not in above.env
+    assert below.env["RLCTL_WEIGHTS_BULK_VIA"] == f"tcp://10.0.0.5:{bulk}" and bulk in p.ports()
+    assert bulk < 42000 + ports_needed(spec) and bulk not in (port, *endpoint_ports(p))
     # The collectors under relay-1 still read their own host's board.
     assert procs["collector-3"].env["RLCTL_WEIGHTS_VIA"] == below.binds["weights"]
     # The default fanout (16) keeps both hosts' relays under rank 0.
@@ -505,7 +509,7 @@ def test_learner_nodes_with_their_own_process_counts(tmp_path):
     assert arg_after(remote, "--nproc-per-node") == "3" and arg_after(remote, "--node-rank") == "1"
     assert arg_after(remote, "--rdzv-backend") == "static"
     assert arg_after(remote, "--rdzv-endpoint") == p.endpoints["rendezvous"]
-    assert sorted(head.binds) == ["rendezvous", "rollouts-0", "weights"]
+    assert sorted(head.binds) == ["rendezvous", "rollouts-0", "weights", "weights_bulk"]
     assert sorted(k for k in second.binds if k.startswith("rollouts-")) == ["rollouts-1", "rollouts-2", "rollouts-3"]
     hosts = [ep.split("//")[1].rsplit(":", 1)[0] for ep in p.endpoints["rollouts"]]
     assert hosts == ["192.168.1.10", "cpu-box", "cpu-box", "cpu-box"]

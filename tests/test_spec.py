@@ -212,12 +212,12 @@ BAD_CASES = {
     "on-policy-no-collectors": (MINIMAL.replace('"apex"', '"ppo"') + "[topology]\ncollectors = 0\n",
                                 "topology.collectors", "at least one collector per rank"),
     "ports-past-65535": (MINIMAL + "[topology]\nreplay_shards = 300\n[network]\nbase_port = 65000\n",
-                         "network.base_port", "run past 65535 (to 65604); set network.base_port to at most 64931"),
+                         "network.base_port", "run past 65535 (to 65606); set network.base_port to at most 64929"),
     "ports-past-65535-by-learner-ranks": (MINIMAL.replace('"apex"', '"ppo"') +
                                           "[topology]\nlearner_procs = 600\ncollectors = 600\n"
                                           "[network]\nbase_port = 65000\n", "network.base_port", "run past 65535"),
     "too-many-ports-for-an-automatic-base": (MINIMAL + "[topology]\nreplay_shards = 7000\n", "network.base_port",
-                                             "ports 20000-32767, too few for the job's 14005 ports"),
+                                             "ports 20000-32767, too few for the job's 14007 ports"),
     "on-policy-host-replay-shards": (MINIMAL.replace('"apex"', '"ppo"') + '[[hosts]]\nname = "a"\nlearner = true\n'
                                      'collectors = 2\n[[hosts]]\nname = "b"\nreplay_shards = 1\n',
                                      "hosts[1].replay_shards", "ppo learns from rollouts, not replay"),
@@ -440,7 +440,7 @@ def test_port_count_is_what_the_plan_binds(variant):
 def test_port_range_may_end_at_65535():
     topology = {"replay_shards": 300}
     need = validate_job(_job(topology=topology)).port_count
-    assert need == 605
+    assert need == 607
     assert validate_job(_job(topology=topology, network={"base_port": 65536 - need})).network.base_port == 65536 - need
     problems = _problems(_job(topology=topology, network={"base_port": 65537 - need}))
     assert f"to 65536); set network.base_port to at most {65536 - need}" in problems["network.base_port"]

@@ -14,6 +14,7 @@ import zmq
 from conftest import free_ports, wait_for
 from rlctl.net import wire
 from rlctl.models import QNetwork, flat_parameters, parameter_digest
+from rlctl.net.sealed import SEALED
 from rlctl.net.weights import FULL, NOTICE, WeightBoard, WeightPublisher, WeightSubscriber
 
 torch.set_num_threads(1)
@@ -405,27 +406,33 @@ def test_the_board_is_created_private_and_stale_boards_of_other_users_are_left_a
     assert theirs.exists() == (os.getuid() == 0)
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["curve", "sealed"])
 def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_is_gone(tmp_path, weights_net,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, sealed):
     """A tree of relays: relay-1 takes each version from relay-0's second bind, not from rank 0 (whose publisher
     then has one network subscriber, relay-0). With relay-0 gone, relay-1 connects to rank 0 after FALLBACK_S and
     its host goes on getting versions; a relay-0 started again at the same address takes relay-1 back, and relay-1
-    cuts its connection to rank 0."""
+    cuts its connection to rank 0. Sealed (rlctl.net.sealed), the bulk sockets follow the weights sockets."""
     from rlctl.roles import relay as relay_mod
-    from rlctl.roles.relay import WeightRelay
+    from rlctl.roles.relay import SealedLinks, WeightRelay
 
     monkeypatch.setattr(relay_mod, "FALLBACK_S", 0.5)
     net, root = weights_net
-    tree = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    tree, root_bulk, tree_bulk = [f"tcp://127.0.0.1:{p}" for p in free_ports(3)]
     torch.manual_seed(0)
     learner = QNetwork((4,), 2, (8,))
-    pub = WeightPublisher(net, root, "learner-0", None, generation=3)
+    pub = WeightPublisher(net, root, "learner-0", None, generation=3, bulk=root_bulk if sealed else None)
     parent_net, child_net = wire.SecureContext(net.keys), wire.SecureContext(net.keys)
-    parent = WeightRelay(parent_net, root, [f"ipc://{tmp_path}/r0.sock", tree], "relay-0", None,
-                         QNetwork((4,), 2, (8,)))
+    above = SealedLinks(root_bulk, None, tree_bulk) if sealed else None
+
+    def parent_relay(context, local: str) -> WeightRelay:
+        return WeightRelay(context, root, [f"ipc://{tmp_path}/{local}", tree], "relay-0", None,
+                           QNetwork((4,), 2, (8,)), bulk=above)
+    parent = parent_relay(parent_net, "r0.sock")
     # From its own source address (ZeroMQ's `tcp://source;destination`), which the socket monitor leaves out.
     child = WeightRelay(child_net, tree.replace("tcp://", "tcp://127.0.0.1:0;"), f"ipc://{tmp_path}/r1.sock",
-                        "relay-1", None, QNetwork((4,), 2, (8,)), root=root)
+                        "relay-1", None, QNetwork((4,), 2, (8,)), root=root,
+                        bulk=SealedLinks(tree_bulk, root_bulk) if sealed else None)
     host = WeightSubscriber(net, f"ipc://{tmp_path}/r1.sock", QNetwork((4,), 2, (8,)))  # a collector below relay-1
 
     def deliver(version: int, relays) -> None:
@@ -444,18 +451,18 @@ def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_i
 
     deliver(1, [parent, child])
     assert child.watch.up and not child.watch.on_root
-    assert pub.topics == {wire.kind_prefix(FULL)} and parent.relayed >= 1
+    assert pub.topics == {wire.kind_prefix(SEALED if sealed else FULL)} and parent.relayed >= 1
     parent_net.close()  # relay-0 killed
     t0 = time.monotonic()
     deliver(2, [child])
     assert child.watch.on_root and time.monotonic() - t0 >= 0.4
     again_net = wire.SecureContext(net.keys)
-    again = WeightRelay(again_net, root, [f"ipc://{tmp_path}/r0b.sock", tree], "relay-0", None,
-                        QNetwork((4,), 2, (8,)))
+    again = parent_relay(again_net, "r0b.sock")
     wait_for(lambda: (again.step(1), child.step(1), child.watch.up and not child.watch.on_root)[-1], 10,
              interval=0.001, what="relay-1 back below relay-0")
     deliver(3, [again, child])
     assert again.relayed >= 1
+    assert child.upstream.dropped == host.dropped == 0
     again_net.close()
     child_net.close()
 

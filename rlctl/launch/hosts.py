@@ -48,6 +48,7 @@ def control_socket(run_id: str, name: str, token: str = "") -> str:
 # Set for the processes of a host that has a relay: where they subscribe to weights instead of learner rank 0, and
 # where their hellos and heartbeats go instead of the supervisor (the relay bundles them).
 WEIGHTS_VIA_ENV = "RLCTL_WEIGHTS_VIA"
+WEIGHTS_BULK_VIA_ENV = "RLCTL_WEIGHTS_BULK_VIA"  # a relay below another: the sealed versions' bulk socket above
 CONTROL_VIA_ENV = "RLCTL_CONTROL_VIA"
 
 

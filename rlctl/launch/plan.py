@@ -14,7 +14,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.datapaths import DATA_PATHS
-from rlctl.launch.hosts import (CONTROL_VIA_ENV, SECRET_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for,
+from rlctl.launch.hosts import (CONTROL_VIA_ENV, SECRET_ENV, WEIGHTS_BULK_VIA_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for,
                                 relay_socket)
 from rlctl.launch.port_claims import port_claims
 from rlctl.launch.ports import PortLayout
@@ -212,12 +212,14 @@ class ProcessBuilder:
 
     def __init__(self, spec: JobSpec, hosts: list[HostSpec], run_id: str, net: Addressing, base_env: dict[str, str],
                  control: str, control_port: int, board: str | None, subscribers: set[str], python: str | None,
-                 board_token: str, relays: dict[str, tuple[str, dict[str, str]]], upstreams: dict[str, str]):
+                 board_token: str, relays: dict[str, tuple[str, dict[str, str]]],
+                 upstreams: dict[str, tuple[str, str]]):
         self.spec, self.run_id, self.net, self.base_env = spec, run_id, net, base_env
         self.control, self.control_port, self.board, self.subscribers = control, control_port, board, subscribers
         self.python, self.board_token = python, board_token
         self.relays = relays  # host name -> its relay's board and binds (weights, control; weights_tree above others)
-        self.upstreams = upstreams  # host name -> the relay endpoint its relay takes weights from (rank 0 if absent)
+        # host name -> the relay endpoints (weights, bulk) its relay takes weights from (rank 0 if absent)
+        self.upstreams = upstreams
         self.learner_nodes = [h for h in hosts if h.learner]
         self.head = self.learner_nodes[0]
         self.processes: list[ProcessSpec] = []
@@ -240,7 +242,7 @@ class ProcessBuilder:
             if role != Role.RELAY:
                 env[WEIGHTS_VIA_ENV], env[CONTROL_VIA_ENV] = via["weights"], via["control"]
             elif h.name in self.upstreams:
-                env[WEIGHTS_VIA_ENV] = self.upstreams[h.name]
+                env[WEIGHTS_VIA_ENV], env[WEIGHTS_BULK_VIA_ENV] = self.upstreams[h.name]
         # Learners pick the network interface for gloo/nccl from it; all-local jobs get loopback (gloo would
         # otherwise listen on whatever the host name resolves to).
         env["RLCTL_ADVERTISE"] = self.net.addr(h)
@@ -280,7 +282,8 @@ class ProcessBuilder:
                     "--start-method", "fork",
                     "-m", ROLE_MODULES[Role.LEARNER]]
             bind = self.net.bind(h)
-            binds = {"weights": f"tcp://{bind}:{ports.weights}", "rendezvous": f"{bind}:{ports.rendezvous}"}
+            binds = {"weights": f"tcp://{bind}:{ports.weights}", "weights_bulk": f"tcp://{bind}:{ports.weights_bulk}",
+                     "rendezvous": f"{bind}:{ports.rendezvous}"}
             first = sum(node_procs[:node])
             for rank in range(first, first + node_procs[node]):
                 binds.update(rank_binds.get(rank, {}))
@@ -323,6 +326,7 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     slurm = any(h.slurm_job is not None for h in hosts)
     control = f"tcp://{control_address if slurm else '127.0.0.1'}:{ports.control}"
     endpoints: dict[str, object] = {"control": control, "weights": f"tcp://{net.addr(head)}:{ports.weights}",
+                                    "weights_bulk": f"tcp://{net.addr(head)}:{ports.weights_bulk}",
                                     "rendezvous": f"{net.addr(head)}:{ports.rendezvous}", **data.endpoints}
     if servers:
         endpoints[Role.INFERENCE] = [f"tcp://{net.addr(h)}:{p}" for h, p in zip(servers, ports.inference)]
@@ -342,7 +346,8 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
     # Every other host with more than one subscriber takes each version once, through a relay of its own, which also
     # bundles those processes' control messages: the supervisor's work then grows with hosts, not processes.
     relay_hosts = [h for h in hosts if h is not head and weight_subscribers(h, servers) > 1]
-    relays, upstreams = relay_tree(spec, relay_hosts, net, ports.relay_tree, run_id, run_dir, board_token)
+    relays, upstreams = relay_tree(spec, relay_hosts, net, (ports.relay_tree, ports.relay_tree_bulk), run_id, run_dir,
+                                   board_token)
     build = ProcessBuilder(spec, hosts, run_id, net, base_env, control, ports.control, board, subscribers, python,
                            board_token, relays, upstreams)
     for p in data.processes:
@@ -361,18 +366,20 @@ def make_plan(spec: JobSpec, run_id: str, run_dir: str, base_port: int, python: 
                       base_port, endpoints, host_rows(hosts, net), build.processes, board_token)
 
 
-def relay_tree(spec: JobSpec, relay_hosts: list[HostSpec], net: Addressing, port: int, run_id: str, run_dir: str,
-               token: str) -> tuple[dict[str, tuple[str, dict[str, str]]], dict[str, str]]:
-    """Each relay host's board and binds, and (host name -> endpoint) where the relays below the first
-    `network.relay_fanout` take the weights: a relay with relays below it binds `port` on its own host, so no tree
-    where the hosts are all this machine."""
+def relay_tree(spec: JobSpec, relay_hosts: list[HostSpec], net: Addressing, ports: tuple[int, int], run_id: str,
+               run_dir: str, token: str) -> tuple[dict[str, tuple[str, dict[str, str]]], dict[str, tuple[str, str]]]:
+    """Each relay host's board and binds, and (host name -> endpoints, weights and sealed bulk) where the relays
+    below the first `network.relay_fanout` take the weights: a relay with relays below it binds `ports` on its own
+    host, so no tree where the hosts are all this machine."""
+    port, bulk = ports
     relays = {h.name: relay_board_and_binds(run_id, run_dir, token, k) for k, h in enumerate(relay_hosts)}
     upstreams = {}
     for h, parent in zip(relay_hosts, relay_parents(len(relay_hosts), spec.network.relay_fanout)):
         if parent is not None and not net.all_local:
             above = relay_hosts[parent]
-            relays[above.name][1]["weights_tree"] = f"tcp://{net.bind(above)}:{port}"
-            upstreams[h.name] = f"tcp://{net.addr(above)}:{port}"
+            relays[above.name][1].update(weights_tree=f"tcp://{net.bind(above)}:{port}",
+                                         weights_tree_bulk=f"tcp://{net.bind(above)}:{bulk}")
+            upstreams[h.name] = (f"tcp://{net.addr(above)}:{port}", f"tcp://{net.addr(above)}:{bulk}")
     return relays, upstreams
 
 
@@ -429,7 +436,8 @@ def moved(proc: ProcessSpec, host: HostSpec, address: str, control_port: int = 0
     keys, weights over the network from learner rank 0 and control messages to the supervisor (a host's board and
     relay are for the processes placed there);
     `control_port`: the supervisor's, which an SSH session forwards (a Slurm step connects to it)."""
-    env = {k: v for k, v in proc.env.items() if k not in ("RLCTL_WEIGHT_BOARD", WEIGHTS_VIA_ENV, CONTROL_VIA_ENV)}
+    env = {k: v for k, v in proc.env.items()
+           if k not in ("RLCTL_WEIGHT_BOARD", WEIGHTS_VIA_ENV, WEIGHTS_BULK_VIA_ENV, CONTROL_VIA_ENV)}
     env.update(RLCTL_HOST=host.name, RLCTL_ADVERTISE=address)
     argv = launcher_for(host).argv(host, list(proc.command), env, control_port, frozenset(proc.secret_keys))
     return dataclasses.replace(proc, host=host.name, argv=argv, env=env)

@@ -48,6 +48,7 @@ import torch
 import zmq
 
 from rlctl.net import wire
+from rlctl.net.sealed import SEALED, BulkPublisher, BulkSubscriber, Seal
 from rlctl.models import flat_parameters, load_flat_parameters, share_flat_storage
 
 FULL, NOTICE = "weights", "weights-shared"
@@ -233,9 +234,11 @@ class WeightPublisher:
     """
 
     def __init__(self, net: wire.SecureContext, endpoint: str | list[str], sender: str, board: str | None = None,
-                 generation: int | None = None):
+                 generation: int | None = None, bulk: str | list[str] | None = None):
         # Verbose: every subscription is reported, not only a prefix's first, so each newcomer can be welcomed.
         self.sock = net.server(zmq.XPUB, endpoint, sndhwm=2, xpub_verbose=1)
+        # Other hosts' subscribers take each version sealed once (rlctl.net.sealed): ciphertext on this socket.
+        self.bulk = BulkPublisher(net, bulk) if bulk else None
         self.sender, self.board_file = sender, board
         self.board: WeightBoard | None = None
         self.topics: set[bytes] = set()
@@ -270,6 +273,9 @@ class WeightPublisher:
         for the next timed re-publication)."""
         self._read_subscriptions()
         joins, self.joins = self.joins, 0
+        if self.bulk is not None:  # a subscriber that took a seal has subscribed to the ciphertexts since
+            self.bulk.read_subscriptions()
+            joins, self.bulk.joins = joins + self.bulk.joins, 0
         return joins > 0
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
@@ -294,6 +300,10 @@ class WeightPublisher:
                     self.slot, self.written = slot, (generation, version)
             if self.written == (generation, version):
                 wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
+        if self.bulk is not None and self.wanted(SEALED):
+            sealed, ciphertext = self.bulk.sealed((generation, version), vector)
+            wire.send(self.sock, SEALED, self.sender, version, sealed.meta())
+            self.bulk.send(self.sender, sealed, ciphertext)
         if self.wanted(FULL):
             wire.send(self.sock, FULL, self.sender, version, {"gen": generation}, {"params": vector()})
 
@@ -312,14 +322,18 @@ class WeightSubscriber:
     """
 
     def __init__(self, net: wire.SecureContext, endpoint: str | list[str], model: torch.nn.Module,
-                 board: str | None = None, zero_copy: bool = False):
+                 board: str | None = None, zero_copy: bool = False, bulk: str | list[str] | None = None):
         params = list(model.parameters())
         self.size = sum(p.numel() for p in params)
         self.zero_copy = bool(zero_copy and board and _OFD_LOCKS and params
                               and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params))
-        # No frame past one parameter vector of this model is received at all.
-        self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(NOTICE if board else FULL), rcvhwm=2,
-                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + 4 * self.size)
+        # Sealed (rlctl.net.sealed) where the publisher has a bulk socket and no board serves this host: seals over
+        # CURVE, ciphertexts over `bulk` (a list, possibly empty: connected later, as a relay's upstream is).
+        self.bulk = BulkSubscriber(net, bulk, 4 * self.size) if bulk is not None and not board else None
+        kind = NOTICE if board else SEALED if self.bulk is not None else FULL
+        # No frame past one parameter vector of this model is received at all (seals and notices are small).
+        self.sock = net.client(zmq.SUB, endpoint, subscribe=wire.kind_prefix(kind), rcvhwm=2,
+                               maxmsgsize=wire.CONTROL_MAXMSGSIZE + (4 * self.size if kind == FULL else 0))
         self.model = model
         # None: load parameter by parameter (or, zero-copy, view the slot held)
         self.flat = None if self.zero_copy else share_flat_storage(model)
@@ -330,12 +344,25 @@ class WeightSubscriber:
         self.dropped = 0
 
     @property
+    def sockets(self) -> list[zmq.Socket]:
+        """The sockets a new version arrives on, for a poller."""
+        return [self.sock] if self.bulk is None else [self.sock, self.bulk.sock]
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Wait up to `timeout_ms` for something to arrive on the sockets (`poll` then takes it)."""
+        if self.bulk is None:
+            return bool(self.sock.poll(timeout_ms))
+        return bool(zmq.select(self.sockets, [], [], timeout_ms / 1000)[0])
+
+    @property
     def version(self) -> int:
         """The learner's version of the weights held (-1: none yet)."""
         return self.stamp[1]
 
     def poll(self) -> bool:
         """Load the newest weights that have arrived, if any; True when the policy changed."""
+        if self.bulk is not None:
+            return self._accept(self._poll_sealed())
         if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the usual case: nothing arrived
             return False
         newest = None
@@ -360,11 +387,32 @@ class WeightSubscriber:
         if stamp is None:
             self.dropped += 1
             return False
-        if stamp <= self.stamp:
+        return self._accept(stamp)
+
+    def _accept(self, stamp: Stamp | None) -> bool:
+        """Hold `stamp` as the weights loaded, if it is newer."""
+        if stamp is None or stamp <= self.stamp:
             return False
         self.stamp = stamp
         self.serial += 1
         return True
+
+    def _poll_sealed(self) -> Stamp | None:
+        """Take the seals and ciphertexts that arrived; the stamp of the newest version opened into the model."""
+        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            for _, msg in wire.receive_waiting(self.sock):
+                seal = Seal.from_message(msg) if msg is not None and msg.kind == SEALED else None
+                if seal is None:
+                    self.dropped += 1
+                else:
+                    self.bulk.take_seal(seal)
+        self.bulk.take_waiting()
+        out = self.flat if self.flat is not None else np.empty(self.size, dtype=np.float32)
+        stamp = self.bulk.open_newest(out, self.stamp)
+        if stamp is not None and self.flat is None and not self._load(out):
+            stamp = None
+        self.dropped, self.bulk.dropped = self.dropped + self.bulk.dropped, 0
+        return stamp
 
     def _load(self, params: np.ndarray | None) -> bool:
         if params is None:

@@ -362,6 +362,23 @@ class SecureContext:
             sock.connect(ep)
         return sock
 
+    def plain_server(self, kind: int, endpoints: str | list[str], **opts: int) -> zmq.Socket:
+        """A socket bound at `endpoints` WITHOUT CURVE: anyone who reaches it may connect. Only for bytes sealed
+        apart (rlctl.net.sealed), whose key and digest travel over a CURVE socket."""
+        sock = self.ctx.socket(kind)
+        _apply(sock, opts)
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            sock.bind(ep)
+        return sock
+
+    def plain_client(self, kind: int, endpoints: str | list[str], **opts: int) -> zmq.Socket:
+        """A socket connected WITHOUT CURVE to `plain_server` sockets (sealed bytes only)."""
+        sock = self.ctx.socket(kind)
+        _apply(sock, opts)
+        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+            sock.connect(ep)
+        return sock
+
     @property
     def refused(self) -> int:
         """Handshakes refused on this process's server sockets."""

@@ -43,7 +43,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     model = build_model(rc.job, info)
     model.eval()
     # On a board's host the policy is the newest slot itself (weights change only between blocks, as it does).
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board, zero_copy=True)
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board, zero_copy=True,
+                               bulk=rc.endpoints.get("weights_bulk"))
     actor = build_actor(rc, info, model, env.num_envs)
     sender = rc.job.data_path.senders(net, rc.endpoints, rc.job, info, rc.name, collector=rc.rank)[0]
     rc.say(f"{env.num_envs} x {rc.job.env.id} ({type(env).__name__}), {rc.job.algorithm.name}, "
@@ -80,7 +81,7 @@ def step_loop(rc: RoleContext, stop: StopFlag, env, actor: ActorCore, weights: W
         report()
         if not actor.begin(weights.version, weights.serial):
             t0 = time.monotonic()
-            weights.sock.poll(50)
+            weights.wait(50)
             report.wait_s += time.monotonic() - t0
             continue
         version = weights.version

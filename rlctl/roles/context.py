@@ -19,7 +19,7 @@ from rlctl.net import wire
 from rlctl.roles.metrics_line import MetricsLine
 from rlctl.roles.supervisor_watch import SupervisorWatch, watch_supervisor
 from rlctl.job.load import load_job
-from rlctl.launch.hosts import CONTROL_VIA_ENV, WEIGHTS_VIA_ENV
+from rlctl.launch.hosts import CONTROL_VIA_ENV, WEIGHTS_BULK_VIA_ENV, WEIGHTS_VIA_ENV
 from rlctl.job.spec import JobSpec
 from rlctl.role_names import Role
 
@@ -52,6 +52,11 @@ class RoleContext:
             endpoints["control"] = env["RLCTL_CONTROL"]
         if env.get(WEIGHTS_VIA_ENV):  # a host with a relay: its processes subscribe there (a relay: to one above it)
             endpoints["weights_root"], endpoints["weights"] = endpoints["weights"], env[WEIGHTS_VIA_ENV]
+            # Sealed versions (rlctl.net.sealed) cross hosts only: a relay takes them from the one above it (rank 0
+            # its fallback); the processes behind a relay take its board or its Unix socket.
+            endpoints["weights_root_bulk"] = endpoints.pop("weights_bulk", None)
+            if env.get(WEIGHTS_BULK_VIA_ENV):
+                endpoints["weights_bulk"] = env[WEIGHTS_BULK_VIA_ENV]
         if env.get(CONTROL_VIA_ENV):  # ... and send it their hellos and heartbeats, which it bundles
             endpoints["control"] = env[CONTROL_VIA_ENV]
         return cls(

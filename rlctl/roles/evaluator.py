@@ -186,13 +186,14 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     info = probe_space_info(job.env)
     model = build_model(job, info)
     model.eval()
-    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board)
+    weights = WeightSubscriber(net, rc.endpoints["weights"], model, rc.weight_board,
+                               bulk=rc.endpoints.get("weights_bulk"))
     rounds = EvalRounds(rc, model, control, weights)
     best = BestWeights(job.evaluator.best_rounds, best_checkpoint_writer(rc, model, info))
     evaluated, next_at = 0, 0.0  # evaluated: serial of the weights last evaluated
     rc.say(f"{job.evaluator.episodes} greedy episodes per round on {job.env.id}")
     while not stop:
-        weights.sock.poll(100)
+        weights.wait(100)
         weights.poll()
         now = time.monotonic()
         if weights.serial > evaluated and now >= next_at:

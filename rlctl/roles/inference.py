@@ -123,7 +123,8 @@ class InferenceServer:
         self.model.eval()
         self.net = wire.SecureContext(rc.keys)
         self.control = ControlClient(self.net, rc)
-        self.weights = WeightSubscriber(self.net, rc.endpoints["weights"], self.model, rc.weight_board)
+        self.weights = WeightSubscriber(self.net, rc.endpoints["weights"], self.model, rc.weight_board,
+                                       bulk=rc.endpoints.get("weights_bulk"))
         n_envs = job.env.envs_per_collector
         self.parse = RequestParser(self.info, n_envs, job.collector_count)
         self.admission = wire.Admission(rc.keys, collector=wire.OWN_NAME)  # a collector asks for itself only
@@ -136,7 +137,8 @@ class InferenceServer:
         self.senders = job.data_path.senders(self.net, rc.endpoints, job, self.info, rc.name)
         self.poller = zmq.Poller()
         self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.weights.sock, zmq.POLLIN)
+        for sock in self.weights.sockets:
+            self.poller.register(sock, zmq.POLLIN)
         self.sessions: dict[int, CollectorSession] = {}
         self.batch: list[CollectorSession] = []
         self.parked: list[CollectorSession] = []  # waiting for weights their core will begin with

@@ -109,7 +109,8 @@ class LearnerShell:
         self.net = wire.SecureContext(rc.keys, PUBLISHER_IO_THREADS if self.rank == 0 else 1)
         self.control = ControlClient(self.net, rc)
         self.source = job.data_path.learner_source(self.net, rc, job, self.info, self.rank, self.world, device)
-        self.pub = WeightPublisher(self.net, rc.binds["weights"], rc.name, rc.weight_board) if self.rank == 0 else None
+        self.pub = WeightPublisher(self.net, rc.binds["weights"], rc.name, rc.weight_board,
+                                   bulk=rc.binds.get("weights_bulk")) if self.rank == 0 else None
         self.waiting = zmq.Poller()  # data, or (rank 0) a new subscriber to welcome with the current weights
         self.waiting.register(self.source.sock, zmq.POLLIN)
         if self.pub is not None:

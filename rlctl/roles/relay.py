@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -31,6 +32,16 @@ from rlctl.net.weights import PUBLISHER_IO_THREADS, WeightPublisher, WeightSubsc
 from rlctl.models import flat_parameters
 from rlctl.roles.report_bundle import ReportBundle
 from rlctl.roles.context import ControlClient, RoleContext, StopFlag, role_main, set_torch_threads
+
+
+@dataclass(frozen=True)
+class SealedLinks:
+    """A relay's bulk sockets for sealed versions (rlctl.net.sealed): where it takes them (the relay above, or rank
+    0), rank 0's (its fallback below another relay), and where it hands them on to relays below; None: not sealed."""
+
+    upstream: str | None = None
+    root: str | None = None
+    bind: str | None = None
 
 
 # A relay whose relay above it (in a tree of relays) has been out of reach this long takes the versions from learner
@@ -48,13 +59,18 @@ def _peer(endpoint: str | bytes) -> str:
 class UpstreamWatch:
     """Whether a relay's subscription is connected to the relay above it; while it has not been for FALLBACK_S, the
     subscription is also connected to learner rank 0 (`root`), and cut from it once the relay above is back.
-    Connects `sock` (unconnected: its first handshake must come after the monitor) to the relay above."""
+    Connects `sock` (unconnected: its first handshake must come after the monitor) to the relay above; `bulk`
+    (socket, the relay above's bulk endpoint, rank 0's) follows `sock` to rank 0 and back."""
 
-    def __init__(self, sock: zmq.Socket, parent: str, root: str, say=None):
+    def __init__(self, sock: zmq.Socket, parent: str, root: str, say=None,
+                 bulk: tuple[zmq.Socket, str, str] | None = None):
         self.sock, self.parent, self.root, self.say = sock, parent, root, say or (lambda text: None)
+        self.bulk = bulk
         self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.up, self.down_since, self.on_root = False, time.monotonic(), False
         sock.connect(parent)
+        if bulk is not None:
+            bulk[0].connect(bulk[1])
 
     def check(self, now: float) -> None:
         """Take the connection's events; connect to or cut from rank 0 as they say."""
@@ -68,11 +84,15 @@ class UpstreamWatch:
                 self.up, self.down_since = False, now
         if not self.up and not self.on_root and now - self.down_since >= FALLBACK_S:
             self.sock.connect(self.root)
+            if self.bulk is not None:
+                self.bulk[0].connect(self.bulk[2])
             self.on_root = True
             self.say(f"{self.parent} out of reach for {FALLBACK_S:g} s: taking the versions from learner rank 0 "
                      f"at {self.root} meanwhile")
         elif self.up and self.on_root:
             self.sock.disconnect(self.root)
+            if self.bulk is not None:
+                self.bulk[0].disconnect(self.bulk[2])
             self.on_root = False
             self.say(f"taking the versions from {self.parent} again")
 
@@ -82,19 +102,23 @@ class WeightRelay:
     subscribers (and to the relays below)."""
 
     def __init__(self, net: wire.SecureContext, upstream: str, bind: str | list[str], name: str, board: str | None,
-                 model, root: str | None = None, say=None):
+                 model, root: str | None = None, say=None, bulk: "SealedLinks | None" = None):
         # The model gives the vector's size and dtype (a frame past one vector is refused) and holds the newest.
         self.model = model
         below = bool(root) and root != upstream  # a relay below another, rank 0 its fallback
-        self.upstream = WeightSubscriber(net, [] if below else upstream, model)
-        self.watch = UpstreamWatch(self.upstream.sock, upstream, root, say) if below else None
-        self.local = WeightPublisher(net, bind, name, board)
+        bulk = bulk or SealedLinks()
+        sealed = bulk.upstream is not None and (not below or bulk.root is not None)
+        self.upstream = WeightSubscriber(net, [] if below else upstream, model,
+                                         bulk=([] if below else bulk.upstream) if sealed else None)
+        links = (self.upstream.bulk.sock, bulk.upstream, bulk.root) if sealed else None
+        self.watch = UpstreamWatch(self.upstream.sock, upstream, root, say, links) if below else None
+        self.local = WeightPublisher(net, bind, name, board, bulk=bulk.bind)
         self.relayed = 0
 
     def step(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for a new version and hand it on (to newcomers too: the current one); True when
         a new version went out."""
-        new = bool(self.upstream.sock.poll(timeout_ms)) and self.upstream.poll()
+        new = self.upstream.wait(timeout_ms) and self.upstream.poll()
         if self.watch is not None:
             # Only once the subscription is drained: a poll takes the first frame of a waiting message, and cutting
             # the connection it came on before its other frames are read aborts libzmq ("!_more", fq.cpp).
@@ -151,7 +175,8 @@ def serve(weights: list[WeightRelay], gather: ControlGather, control: ControlCli
     (bench/control_plane.py runs it with a relay per model size)."""
     poller = zmq.Poller()
     for relay in weights:
-        poller.register(relay.upstream.sock, zmq.POLLIN)
+        for sock in relay.upstream.sockets:
+            poller.register(sock, zmq.POLLIN)
     poller.register(gather.sock, zmq.POLLIN)
     last_n, last_t = 0, time.monotonic()
     while not stop:
@@ -186,7 +211,9 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     gather = ControlGather(net, rc.binds["control"], control)
     model = build_model(rc.job, probe_space_info(rc.job.env))
     relay = WeightRelay(net, rc.endpoints["weights"], [rc.binds["weights"], *([tree] if tree else [])], rc.name,
-                        rc.weight_board, model, root=rc.endpoints.get("weights_root"), say=rc.say)
+                        rc.weight_board, model, root=rc.endpoints.get("weights_root"), say=rc.say,
+                        bulk=SealedLinks(rc.endpoints.get("weights_bulk"), rc.endpoints.get("weights_root_bulk"),
+                                         rc.binds.get("weights_tree_bulk")))
     rc.say(f"relaying weights from {rc.endpoints['weights']} to this host's processes "
            f"{'through shared memory ' + rc.weight_board if rc.weight_board else 'over a local socket'}"
            f"{', and to relays below at ' + tree if tree else ''}, "
