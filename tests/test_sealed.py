@@ -49,6 +49,10 @@ def test_a_sealed_vector_opens_only_with_its_seal_and_unaltered():
     assert not unseal(s, forged, untouched) and not untouched.any()
     assert not unseal(again, ciphertext, untouched) and not untouched.any()
     assert not unseal(s, ciphertext[:-4], np.zeros(10_000, np.float32))
+    # Parameters sealed one after another as one stream open as their concatenation (no flat copy is made).
+    pieces, into = [vector[:4000], vector[4000:4001], vector[4001:]], np.zeros(vector.nbytes, np.uint8)
+    s_pieces, c_pieces = seal(pieces, (3, 8), b"t" * 16, into)
+    assert c_pieces is into and unseal(s_pieces, c_pieces, out) and np.array_equal(out, vector)
     tiny = np.ones(3, np.float32)  # shorter than one AES block
     s3, c3 = seal(tiny, (0, 1), b"t" * 16)
     out3 = np.zeros(3, np.float32)
@@ -91,6 +95,7 @@ def test_every_network_subscriber_opens_one_sealing_per_version(sealed_net, monk
         wait_for(arrived, 10, interval=0.001, what=f"version {version} at every subscriber")
         assert {parameter_digest(s.model) for s in everyone} == {parameter_digest(learner)}
     assert sealings == [(5, 1), (5, 2)]
+    assert 1 <= len(pub.bulk.buffers) <= 3
     assert pub.wanted(SEALED) and pub.wanted(FULL)
     assert all(s.dropped == 0 for s in everyone) and all(s.bulk is not None for s in subs)
 
@@ -132,3 +137,28 @@ def test_ciphertexts_from_anyone_but_the_sealer_are_dropped_counted_and_change_n
     wait_for(lambda: (sub.poll(), sub.dropped >= 1)[1], 5, what="the forgery dropped")
     assert sub.version == 1 and parameter_digest(sub.model) == before
     assert not outsider.poll(200)  # never sent a ciphertext
+
+
+def test_ciphertext_buffers_are_written_again_only_once_zeromq_let_go_of_them(sealed_net):
+    """Versions published back to back, faster than a subscriber takes them: each buffer is rewritten only after
+    its send is done, so every version the subscriber opens is whole (its digest checked) and the newest arrives."""
+    net, endpoint, bulk = sealed_net
+    torch.manual_seed(0)
+    learner = QNetwork((4,), 2, (256, 256))
+    pub = WeightPublisher(net, endpoint, "learner-0", bulk=bulk, generation=2)
+    sub = WeightSubscriber(net, endpoint, QNetwork((4,), 2, (256, 256)), bulk=bulk)
+
+    def holds(version: int) -> bool:
+        if pub.joined() or sub.version < version:
+            pub.publish(version, learner)
+        sub.wait(1)
+        sub.poll()
+        return sub.version == version
+    wait_for(lambda: holds(1), 10, interval=0.001, what="version 1")
+    for version in range(2, 40):
+        _bump(learner)
+        pub.publish(version, learner)
+        sub.poll()
+    wait_for(lambda: holds(39), 10, interval=0.001, what="the newest version")
+    assert parameter_digest(sub.model) == parameter_digest(learner)
+    assert sub.dropped == 0 and len(pub.bulk.buffers) <= 3

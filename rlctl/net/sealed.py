@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import zmq
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from rlctl.net import wire
 
@@ -37,6 +36,7 @@ SEALED, BULK = "weights-sealed", "weights-bulk"
 TOKEN_BYTES = 16  # the bulk socket's topic
 # Inbound on the bulk publisher are only subscriptions: nothing longer than a topic's frame is taken.
 _SUBSCRIPTION_MAXMSGSIZE = 64
+_BUFFERS = 3  # ciphertext buffers kept: the newest (re-publications), one in flight, one to write
 _BLOCK = 16  # AES's block: cryptography's update_into wants that much room past the input (older versions)
 
 Stamp = tuple[int, int]
@@ -76,17 +76,36 @@ class Seal:
         return cls((gen, msg.version), *fields)
 
 
-def _cipher(key: bytes, iv: bytes) -> Cipher:
+def _cipher(key: bytes, iv: bytes):
+    # Imported here: ~0.1 s at start-up, which a job on one host (every process on the board) never needs.
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     return Cipher(algorithms.AES(key), modes.CTR(iv))
 
 
-def seal(vector: np.ndarray, stamp: Stamp, token: bytes) -> tuple[Seal, np.ndarray]:
-    """Encrypt a flat parameter vector under a fresh key: its seal and the ciphertext (a new uint8 array: the
-    bulk socket may still be sending the one before)."""
+def _crypt_into(stream, data: memoryview, out: memoryview) -> None:
+    """Run `data` through a CTR stream into `out` (the same length): update_into wants room for a block more than
+    its input in older cryptography releases, so the last block goes through update()."""
+    head = max(0, len(data) - _BLOCK)
+    if head:
+        stream.update_into(data[:head], out)
+    out[head:] = stream.update(data[head:])
+
+
+def seal(params, stamp: Stamp, token: bytes, out: np.ndarray | None = None) -> tuple[Seal, np.ndarray]:
+    """Encrypt parameters under a fresh key into `out` (a uint8 array of their byte size; a new one if None): its
+    seal and the ciphertext. `params`: one flat float32 vector, or float32 arrays in flat_parameters order, one
+    stream over all of them (no flat copy is made first)."""
+    arrays = [params] if isinstance(params, np.ndarray) else params
+    size = sum(a.nbytes for a in arrays)
+    out = np.empty(size, dtype=np.uint8) if out is None else out
     key, iv = secrets.token_bytes(32), secrets.token_bytes(16)
-    ciphertext = np.frombuffer(_cipher(key, iv).encryptor().update(memoryview(np.ascontiguousarray(vector)).cast("B")),
-                               dtype=np.uint8)
-    return Seal(stamp, key, iv, hashlib.sha256(ciphertext).digest(), token), ciphertext
+    stream, view, offset = _cipher(key, iv).encryptor(), memoryview(out), 0
+    for a in arrays:
+        data = memoryview(np.ascontiguousarray(a, dtype=np.float32)).cast("B")
+        _crypt_into(stream, data, view[offset:offset + len(data)])
+        offset += len(data)
+    return Seal(stamp, key, iv, hashlib.sha256(out).digest(), token), out
 
 
 def unseal(s: Seal, ciphertext: np.ndarray, out: np.ndarray) -> bool:
@@ -95,11 +114,7 @@ def unseal(s: Seal, ciphertext: np.ndarray, out: np.ndarray) -> bool:
     view = memoryview(out).cast("B")
     if len(data) != len(view) or hashlib.sha256(data).digest() != s.digest:
         return False
-    decrypt = _cipher(s.key, s.iv).decryptor()
-    head = max(0, len(data) - _BLOCK)
-    if head:
-        decrypt.update_into(data[:head], view)
-    view[head:] = decrypt.update(data[head:])
+    _crypt_into(_cipher(s.key, s.iv).decryptor(), data, view)
     return True
 
 
@@ -114,6 +129,9 @@ class BulkPublisher:
                                      maxmsgsize=_SUBSCRIPTION_MAXMSGSIZE)
         self.joins = 0  # subscriptions to the token so far (a peer that resubscribes counts again)
         self.last: tuple[Seal, np.ndarray] | None = None  # the newest version sealed: a re-publication reuses it
+        # Ciphertext buffers, each with the tracker of its last send: one is written again only once ZeroMQ has
+        # let go of it (a fresh 40 MB array cost ~15 ms of page faults per version).
+        self.buffers: list[tuple[np.ndarray, zmq.MessageTracker | None]] = []
 
     def read_subscriptions(self) -> None:
         """Take the subscriptions that arrived: the token's applied (to the peer that sent it) and counted,
@@ -131,20 +149,39 @@ class BulkPublisher:
             elif event[:1] == b"\x00":
                 self.sock.setsockopt(zmq.UNSUBSCRIBE, self.token)
 
-    def sealed(self, stamp: Stamp, vector) -> tuple[Seal, np.ndarray]:
-        """This stamp's seal and ciphertext, sealed now unless it was the last one sealed (`vector()` gives the
-        flat parameters)."""
+    def sealed(self, stamp: Stamp, params) -> tuple[Seal, np.ndarray]:
+        """This stamp's seal and ciphertext, sealed now (`params()` gives what `seal` takes) unless it was the last
+        one sealed."""
         if self.last is None or self.last[0].stamp != stamp:
-            self.last = seal(vector(), stamp, self.token)
+            arrays = params()
+            size = sum(a.nbytes for a in ([arrays] if isinstance(arrays, np.ndarray) else arrays))
+            self.last = seal(arrays, stamp, self.token, self._free_buffer(size))
         return self.last
+
+    def _free_buffer(self, size: int) -> np.ndarray | None:
+        """A buffer of `size` bytes that neither ZeroMQ nor `last` holds; None (seal makes one) if all are held."""
+        held = self.last[1] if self.last is not None else None
+        for k, (buf, tracker) in enumerate(self.buffers):
+            if buf is not held and buf.nbytes == size and (tracker is None or tracker.done):
+                self.buffers[k] = (buf, None)
+                return buf
+        return None
+
+    def _keep(self, buf: np.ndarray, tracker: zmq.MessageTracker) -> None:
+        for k, (kept, _) in enumerate(self.buffers):
+            if kept is buf:
+                self.buffers[k] = (buf, tracker)
+                return
+        if len(self.buffers) < _BUFFERS:
+            self.buffers.append((buf, tracker))
 
     def send(self, sender: str, s: Seal, ciphertext: np.ndarray) -> None:
         """The ciphertext to every subscriber of the token."""
         self.read_subscriptions()
         frames = [self.token, *wire.encode(BULK, sender, s.stamp[1], {"gen": s.stamp[0]}, {"sealed": ciphertext})]
-        last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            self.sock.send(frame, 0 if i == last else zmq.SNDMORE, copy=len(frame) < zmq.COPY_THRESHOLD)
+        for frame in frames[:-1]:
+            self.sock.send(frame, zmq.SNDMORE)
+        self._keep(ciphertext, self.sock.send(frames[-1], copy=False, track=True))
 
 
 class BulkSubscriber:

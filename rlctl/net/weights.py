@@ -301,7 +301,7 @@ class WeightPublisher:
             if self.written == (generation, version):
                 wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
         if self.bulk is not None and self.wanted(SEALED):
-            sealed, ciphertext = self.bulk.sealed((generation, version), vector)
+            sealed, ciphertext = self.bulk.sealed((generation, version), lambda: _arrays(params))
             wire.send(self.sock, SEALED, self.sender, version, sealed.meta())
             self.bulk.send(self.sender, sealed, ciphertext)
         if self.wanted(FULL):
@@ -311,6 +311,14 @@ class WeightPublisher:
         """Remove the board's file (readers that mapped it keep their mapping)."""
         if self.board is not None:
             Path(self.board.path).unlink(missing_ok=True)
+
+
+def _arrays(params) -> np.ndarray | list[np.ndarray]:
+    """Parameters as float32 arrays on the CPU, in flat_parameters order, without a flat copy (a flat vector as is)."""
+    if isinstance(params, np.ndarray):
+        return params
+    with torch.no_grad():
+        return [p.detach().reshape(-1).to("cpu", torch.float32).numpy() for p in params]
 
 
 class WeightSubscriber:
