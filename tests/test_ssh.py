@@ -647,6 +647,12 @@ def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_an
     assert relays["relay-1"]["env"]["RLCTL_WEIGHTS_VIA"] == tree  # ... where h3's takes the versions
     wait_for(lambda: f"relays below at {tree}" in (run_dir / "logs" / "relay-0.log").read_text(), 60,
              what="relay-0's start line")
+    # Each version crosses hosts sealed once (rlctl.net.sealed): h2's relay takes the ciphertexts from rank 0's bulk
+    # socket, h3's from the one h2's relay binds beside the chain's port.
+    tree_bulk = relays["relay-0"]["binds"]["weights_tree_bulk"]
+    assert relays["relay-1"]["env"]["RLCTL_WEIGHTS_BULK_VIA"] == tree_bulk
+    for name, source in (("relay-0", plan["endpoints"]["weights_bulk"]), ("relay-1", tree_bulk)):
+        assert f"(sealed, ciphertexts from {source})" in (run_dir / "logs" / f"{name}.log").read_text()
     said = {}  # collector -> what its start line must say: it reads its host's relay's board
     for p in plan["processes"]:
         if p["role"] == "collector":

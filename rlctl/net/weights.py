@@ -1,8 +1,11 @@
 """Policy weights from learner rank 0 to collectors and evaluators: over the network, or through shared memory.
 
-Learner rank 0 publishes each new version in one or both of two forms, on one XPUB socket:
+Learner rank 0 publishes each new version in the forms its subscribers take, on one XPUB socket:
 
-* "weights": the flat float32 parameter vector, for subscribers on other hosts;
+* "weights-sealed": for subscribers on other hosts, where the plan gives rank 0 a bulk socket: the version's seal
+  (key, IV, digest), its ciphertext sealed once for all of them on the bulk socket (rlctl.net.sealed);
+* "weights": the flat float32 parameter vector over CURVE, a copy per subscriber (a relay's Unix socket; a
+  publisher without a bulk socket);
 * "weights-shared": a small notice naming version and slot of a `WeightBoard`, a file of SLOTS slots in /dev/shm
   that the learner writes each version into, for subscribers on its own host.
 

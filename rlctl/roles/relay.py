@@ -214,7 +214,10 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
                         rc.weight_board, model, root=rc.endpoints.get("weights_root"), say=rc.say,
                         bulk=SealedLinks(rc.endpoints.get("weights_bulk"), rc.endpoints.get("weights_root_bulk"),
                                          rc.binds.get("weights_tree_bulk")))
-    rc.say(f"relaying weights from {rc.endpoints['weights']} to this host's processes "
+    bulk = relay.upstream.bulk
+    rc.say(f"relaying weights from {rc.endpoints['weights']}"
+           f"{' (sealed, ciphertexts from ' + rc.endpoints['weights_bulk'] + ')' if bulk is not None else ''}"
+           f" to this host's processes "
            f"{'through shared memory ' + rc.weight_board if rc.weight_board else 'over a local socket'}"
            f"{', and to relays below at ' + tree if tree else ''}, "
            f"and their control messages to the supervisor, pid {os.getpid()}")
