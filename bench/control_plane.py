@@ -2,10 +2,12 @@
 cost as collectors grow (issue 32). As the plan renders a job over many hosts, every simulated host runs a relay
 (rlctl.roles.relay): its collectors take weights from it and send it their hellos and heartbeats, which it bundles
 for the supervisor. `--no-relays` measures the design before relays: every collector talks to the supervisor and to
-rank 0 itself.
+rank 0 itself. Versions cross simulated hosts sealed once (rlctl.net.sealed), as the plan arranges between hosts:
+the learner stand-in's publishers and the tree's relays have bulk sockets; `--no-sealed` sends every copy over CURVE
+instead (the design before sealing).
 
 Usage: python bench/control_plane.py [--quick] [--cells c10_h1,c1000_h16,...] [--window S] [--publishes N]
-       [--no-relays] [--relay-fanout F]
+       [--no-relays] [--no-sealed] [--relay-fanout F]
 
 What runs, per cell (C collectors over H simulated hosts):
 
@@ -62,8 +64,8 @@ Figures, per cell:
   fan-out, apart from the hand-over at the simulated collectors (a copy of the whole vector each until they held
   the board's slot instead: 1,000 copies of 40 MB were ~4 s of CPU here).
 
-Last line: one JSON object, `relays` (true unless --no-relays), `relay_fanout`, keys `c<C>_h<H>_<figure>`
-(supervisor_cpu, control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s,
+Last line: one JSON object, `relays` (true unless --no-relays), `sealed` (true unless --no-sealed), `relay_fanout`,
+keys `c<C>_h<H>_<figure>` (supervisor_cpu, control_msgs_per_s, heartbeat_p50_s, heartbeat_p99_s, weights_1m_p50_s, weights_1m_p99_s,
 weights_10m_p50_s, weights_10m_p99_s, weights_<size>_relays_p99_s) and `c<C>_h<H>_met` (the issue's targets:
 supervisor below 25% of one core, heartbeat p99 <= 2 s, 10M weights p99 <= 3 s).
 
@@ -890,7 +892,8 @@ def main() -> None:
           f"cells {', '.join(f'c{c}_h{h}' for c, h in cells)}; {args.window:g} s control "
           f"window, {n} publishes per size, {args.episodes_per_s:g} episodes/s per collector; "
           f"{os.cpu_count()} CPUs (shared: figures include the simulation's own load)", flush=True)
-    result = {"bench": "control_plane", "relays": args.relays, "sealed": args.sealed, "relay_fanout": args.relay_fanout,
+    result = {"bench": "control_plane", "relays": args.relays, "sealed": args.sealed,
+              "relay_fanout": args.relay_fanout,
               **{f"target_{k}": v for k, v in TARGETS.items()}}
     with H.TempDir() as tmp:
         for c, h in cells:

@@ -14,8 +14,8 @@ import zlib
 from dataclasses import asdict, dataclass, field
 
 from rlctl.datapaths import DATA_PATHS
-from rlctl.launch.hosts import (CONTROL_VIA_ENV, SECRET_ENV, WEIGHTS_BULK_VIA_ENV, WEIGHTS_VIA_ENV, control_socket, launcher_for,
-                                relay_socket)
+from rlctl.launch.hosts import (CONTROL_VIA_ENV, SECRET_ENV, WEIGHTS_BULK_VIA_ENV, WEIGHTS_VIA_ENV, control_socket,
+                                launcher_for, relay_socket)
 from rlctl.launch.port_claims import port_claims
 from rlctl.launch.ports import PortLayout
 from rlctl.launch.remote import port_free, remote_checkpoint_dir, remote_run_dir, weight_board_file

@@ -205,7 +205,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
     """Relay every new version and bundle the host's control messages until stopped, with heartbeats."""
     set_torch_threads()
     tree = rc.binds.get("weights_tree")  # relays below this one take the weights from here
-    # Each copy for a relay below is encrypted on its connection's I/O thread, as on learner rank 0.
+    # Each copy for a relay below goes out on its connection's I/O thread (encrypted there where not sealed), as on
+    # learner rank 0.
     net = wire.SecureContext(rc.keys, PUBLISHER_IO_THREADS if tree else 1)
     control = ControlClient(net, rc)
     gather = ControlGather(net, rc.binds["control"], control)
