@@ -239,10 +239,14 @@ class BulkSubscriber:
             return None
         return (gen, msg.version), token, sealed
 
+    def ready(self, held: Stamp) -> bool:
+        """Whether a ciphertext newer than `held` and its seal have both come."""
+        return self.ciphertext is not None and self.ciphertext[0] > held and self.ciphertext[:2] in self.seals
+
     def open_newest(self, out: np.ndarray, held: Stamp) -> Stamp | None:
         """Decrypt the newest ciphertext newer than `held` whose seal has come into `out`: its stamp, or None (no
         pair yet, or a ciphertext whose digest is not its seal's: dropped and counted)."""
-        if self.ciphertext is None or self.ciphertext[0] <= held or self.ciphertext[:2] not in self.seals:
+        if not self.ready(held):
             return None
         stamp, token, ciphertext = self.ciphertext
         self.ciphertext = None

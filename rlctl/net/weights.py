@@ -177,11 +177,9 @@ class WeightBoard:
             np.copyto(payload, params)
         else:
             offset = 0
-            with torch.no_grad():
-                for p in params:
-                    n = p.numel()
-                    payload[offset:offset + n] = p.detach().reshape(-1).to("cpu", torch.float32).numpy()
-                    offset += n
+            for a in _arrays(params):
+                payload[offset:offset + a.size] = a
+                offset += a.size
         header[2] = generation
         header[0] = version
 
@@ -418,10 +416,12 @@ class WeightSubscriber:
                 else:
                     self.bulk.take_seal(seal)
         self.bulk.take_waiting()
-        out = self.flat if self.flat is not None else np.empty(self.size, dtype=np.float32)
-        stamp = self.bulk.open_newest(out, self.stamp)
-        if stamp is not None and self.flat is None and not self._load(out):
-            stamp = None
+        stamp = None
+        if self.bulk.ready(self.stamp):  # a scratch vector (no flat storage) only for a version to open
+            out = self.flat if self.flat is not None else np.empty(self.size, dtype=np.float32)
+            stamp = self.bulk.open_newest(out, self.stamp)
+            if stamp is not None and self.flat is None and not self._load(out):
+                stamp = None
         self.dropped, self.bulk.dropped = self.dropped + self.bulk.dropped, 0
         return stamp
 

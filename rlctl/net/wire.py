@@ -347,7 +347,7 @@ class SecureContext:
         watch = HandshakeWatch(sock, self._stop)
         watch.start()
         self._watches.append(watch)
-        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+        for ep in _endpoint_list(endpoints):
             sock.bind(ep)
         return sock
 
@@ -358,7 +358,7 @@ class SecureContext:
         sock.curve_secretkey = self.keys.client_secret
         sock.curve_publickey = self.keys.client_public
         _apply(sock, opts)
-        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+        for ep in _endpoint_list(endpoints):
             sock.connect(ep)
         return sock
 
@@ -367,7 +367,7 @@ class SecureContext:
         apart (rlctl.net.sealed), whose key and digest travel over a CURVE socket."""
         sock = self.ctx.socket(kind)
         _apply(sock, opts)
-        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+        for ep in _endpoint_list(endpoints):
             sock.bind(ep)
         return sock
 
@@ -375,7 +375,7 @@ class SecureContext:
         """A socket connected WITHOUT CURVE to `plain_server` sockets (sealed bytes only)."""
         sock = self.ctx.socket(kind)
         _apply(sock, opts)
-        for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+        for ep in _endpoint_list(endpoints):
             sock.connect(ep)
         return sock
 
@@ -413,6 +413,10 @@ def experience_buffer_bytes(obs_bytes: int) -> int:
 # Frames larger than this are refused by ZeroMQ before they are allocated, unless a socket says otherwise (sockets
 # that carry experience, samples, rollouts or weights set their limit from the job's layouts).
 CONTROL_MAXMSGSIZE = 1 << 20
+
+
+def _endpoint_list(endpoints: str | list[str]) -> list[str]:
+    return [endpoints] if isinstance(endpoints, str) else endpoints
 
 
 def _apply(sock: zmq.Socket, opts: dict[str, int]) -> None:
