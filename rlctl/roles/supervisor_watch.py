@@ -40,10 +40,22 @@ class SupervisorWatch:
             self._fd, self._polled = None, True
 
     def gone(self) -> bool:
-        """True once the supervisor has exited (checked without blocking)."""
+        """True once the supervisor has exited, or its main thread has (checked without blocking)."""
         if self._fd is not None:
-            return bool(select.select([self._fd], [], [], 0)[0])
+            return bool(select.select([self._fd], [], [], 0)[0]) or self._leader_exited()
         return not (self._polled and pid_alive(self.pid))
+
+    def _leader_exited(self) -> bool:
+        """The supervisor's main thread has exited (a zombie leader). The kernel sends a child's PR_SET_PDEATHSIG when
+        the thread that started it exits, while the pidfd turns readable only after the last thread: a SIGKILLed
+        supervisor whose other threads took a while to die (one inside an fsync) SIGTERMed the fork server, the
+        agent and through them every rank and collector while it still looked alive."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:  # the pid is ours until reaped: the pidfd is not readable
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state in (b"Z", b"X")
 
     def notice_if_gone(self) -> None:
         """Notice now if the supervisor has exited (for a signal handler: the signal may be the death's echo)."""
