@@ -13,7 +13,7 @@ from conftest import free_ports, wait_for
 from rlctl.models import QNetwork, parameter_digest
 from rlctl.net import sealed as sealed_mod
 from rlctl.net import wire
-from rlctl.net.sealed import BULK, SEALED, Seal, seal, unseal
+from rlctl.net.sealed import BULK, SEALED, BulkPublisher, BulkSubscriber, Seal, chunk_spans, seal, unseal
 from rlctl.net.weights import FULL, WeightPublisher, WeightSubscriber
 
 torch.set_num_threads(1)
@@ -59,11 +59,29 @@ def test_a_sealed_vector_opens_only_with_its_seal_and_unaltered():
     assert unseal(s3, c3, out3) and np.array_equal(out3, tiny)
 
 
+def test_a_ciphertext_is_cut_into_chunks_each_with_its_digest():
+    assert chunk_spans(10) == [(0, 10)] and chunk_spans(0) == [(0, 0)]
+    assert chunk_spans(40_000_000) == [(a, min(a + (4 << 20), 40_000_000)) for a in range(0, 40_000_000, 4 << 20)]
+    big = chunk_spans(1 << 31)  # past 256 chunks of 4 MiB, chunks grow: a seal's digests fit in a wire header
+    assert len(big) == 256 and big[-1][1] == 1 << 31
+    vector = np.random.default_rng(1).standard_normal(2_500_000).astype(np.float32)  # 10 MB: 3 chunks
+    s, ciphertext = seal(vector, (1, 1), b"t" * 16)
+    assert len(s.digests) == 3 and Seal.from_message(wire.Message(SEALED, "learner-0", 1, s.meta())) == s
+    forged = ciphertext.copy()
+    forged[-1] ^= 1  # in the last chunk only
+    out = np.zeros_like(vector)
+    assert not unseal(s, forged, out) and not out.any()
+    assert unseal(s, ciphertext, out) and np.array_equal(out, vector)
+
+
 @pytest.mark.parametrize("meta", [
-    {}, {"gen": "1"}, {"gen": True}, {"gen": 1, "key": "zz" * 32, "iv": "00" * 16, "digest": "00" * 32,
+    {}, {"gen": "1"}, {"gen": True}, {"gen": 1, "key": "zz" * 32, "iv": "00" * 16, "digests": "00" * 32,
                                       "token": "00" * 16},
-    {"gen": 1, "key": "00" * 31, "iv": "00" * 16, "digest": "00" * 32, "token": "00" * 16},
-    {"gen": 1, "key": "00" * 32, "iv": 5, "digest": "00" * 32, "token": "00" * 16},
+    {"gen": 1, "key": "00" * 31, "iv": "00" * 16, "digests": "00" * 32, "token": "00" * 16},
+    {"gen": 1, "key": "00" * 32, "iv": 5, "digests": "00" * 32, "token": "00" * 16},
+    {"gen": 1, "key": "00" * 32, "iv": "00" * 16, "digests": "", "token": "00" * 16},
+    {"gen": 1, "key": "00" * 32, "iv": "00" * 16, "digests": "00" * 33, "token": "00" * 16},
+    {"gen": 1, "key": "00" * 32, "iv": "00" * 16, "digests": "00" * 32 * 257, "token": "00" * 16},
 ])
 def test_a_malformed_seal_is_none(meta):
     assert Seal.from_message(wire.Message(SEALED, "learner-0", 1, meta)) is None
@@ -130,7 +148,7 @@ def test_ciphertexts_from_anyone_but_the_sealer_are_dropped_counted_and_change_n
     # The seal of version 2 comes over CURVE; the forger's ciphertext for it is there first.
     s2, _ = pub.bulk.sealed((1, 2), lambda: np.ones(sub.size, np.float32))
     fake = np.frombuffer(np.full(sub.size, 7.0, np.float32).tobytes(), np.uint8)
-    frames = [token, *wire.encode(BULK, "learner-0", 2, {"gen": 1}, {"sealed": fake})]
+    frames = [token, *wire.encode(BULK, "learner-0", 2, {"gen": 1, "chunk": 0}, {"sealed": fake})]
     forger.send_multipart(frames)
     wait_for(lambda: sub.bulk.sock.poll(10), 5, what="the forged ciphertext")
     wire.send(pub.sock, SEALED, "learner-0", 2, s2.meta())
@@ -162,3 +180,62 @@ def test_ciphertext_buffers_are_written_again_only_once_zeromq_let_go_of_them(se
     wait_for(lambda: holds(39), 10, interval=0.001, what="the newest version")
     assert parameter_digest(sub.model) == parameter_digest(learner)
     assert sub.dropped == 0 and len(pub.bulk.buffers) <= 3
+
+
+def test_chunks_open_once_all_have_come_each_checked_as_it_comes_whatever_came_first(sealed_net):
+    """A version of three chunks: chunks that come before their seal wait for it; a forged chunk (right token,
+    stamp, index and size) is dropped and counted while the real one still completes the version; a seal whose
+    chunks do not fit the model's size is dropped; chunks of a version as old as the one opened are late."""
+    net, _, bulk = sealed_net
+    forger_endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    size = 2_500_000
+    pub = BulkPublisher(net, bulk)
+    sub = BulkSubscriber(net, [bulk, forger_endpoint], 4 * size)
+    forger = net.plain_server(zmq.XPUB, forger_endpoint, maxmsgsize=64)
+    rng = np.random.default_rng(2)
+    vectors = {v: rng.standard_normal(size).astype(np.float32) for v in (1, 2, 3)}
+    out = np.zeros(size, np.float32)
+
+    def arrive(until, publish=None) -> None:
+        def done():
+            if publish is not None:
+                pub.read_subscriptions()
+                if pub.joins:  # subscribed: what was sent before it went to nobody
+                    pub.send("learner-0", *publish)
+            sub.sock.poll(10)
+            sub.take_waiting()
+            return until()
+        wait_for(done, 10, interval=0.001, what="chunks")
+
+    s1, c1 = pub.sealed((1, 1), lambda: vectors[1])
+    sub.take_seal(s1)  # subscribes to the token
+    arrive(lambda: sub.ready((-1, -1)), publish=(s1, c1))
+    assert sub.open_newest(out, (-1, -1)) == (1, 1) and np.array_equal(out, vectors[1])
+
+    s2, c2 = pub.sealed((1, 2), lambda: vectors[2])
+    pub.send("learner-0", s2, c2)  # every chunk before the seal
+    arrive(lambda: len(sub.waiting.get(s2.id, [])) == 3)
+    assert not sub.ready((1, 1))
+    sub.take_seal(s2)
+    assert sub.ready((1, 1)) and sub.open_newest(out, (1, 1)) == (1, 2) and np.array_equal(out, vectors[2])
+
+    s3, c3 = pub.sealed((1, 3), lambda: vectors[3])
+    sub.take_seal(s3)
+    wait_for(lambda: forger.poll(10) and forger.recv() == b"\x01" + pub.token, 5, what="the subscriber at the forger")
+    a, b = chunk_spans(c3.nbytes)[1]
+    forged = c3[a:b].copy()
+    forged[7] ^= 1
+    forger.send_multipart([pub.token, *wire.encode(BULK, "learner-0", 3, {"gen": 1, "chunk": 1}, {"sealed": forged})])
+    arrive(lambda: sub.dropped == 1)
+    assert not sub.ready((1, 2))
+    pub.send("learner-0", s3, c3)
+    arrive(lambda: sub.ready((1, 2)))
+    assert sub.open_newest(out, (1, 2)) == (1, 3) and np.array_equal(out, vectors[3])
+
+    pub.send("learner-0", s2, c2)  # late: nothing kept, nothing counted
+    time.sleep(0.1)
+    sub.take_waiting()
+    assert not sub.assemblies and not sub.waiting and sub.dropped == 1
+    tiny, _ = seal(np.ones(3, np.float32), (1, 4), pub.token)
+    sub.take_seal(tiny)  # one chunk's digest for a model of three
+    assert sub.dropped == 2 and tiny.id not in sub.seals

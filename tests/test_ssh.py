@@ -653,6 +653,8 @@ def test_apex_hosts_with_eight_collectors_a_host_takes_weights_through_relays_an
     assert relays["relay-1"]["env"]["RLCTL_WEIGHTS_BULK_VIA"] == tree_bulk
     for name, source in (("relay-0", plan["endpoints"]["weights_bulk"]), ("relay-1", tree_bulk)):
         assert f"(sealed, ciphertexts from {source})" in (run_dir / "logs" / f"{name}.log").read_text()
+    # relay-0 hands rank 0's chunks on to relay-1 as they come, without opening and sealing them again.
+    assert "(each chunk on as it comes, unopened)" in (run_dir / "logs" / "relay-0.log").read_text()
     said = {}  # collector -> what its start line must say: it reads its host's relay's board
     for p in plan["processes"]:
         if p["role"] == "collector":

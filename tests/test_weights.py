@@ -412,28 +412,34 @@ def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_i
     """A tree of relays: relay-1 takes each version from relay-0's second bind, not from rank 0 (whose publisher
     then has one network subscriber, relay-0). With relay-0 gone, relay-1 connects to rank 0 after FALLBACK_S and
     its host goes on getting versions; a relay-0 started again at the same address takes relay-1 back, and relay-1
-    cuts its connection to rank 0. Sealed (rlctl.net.sealed), the bulk sockets follow the weights sockets."""
+    cuts its connection to rank 0. Sealed (rlctl.net.sealed), the bulk sockets follow the weights sockets, versions
+    are of two chunks, and only rank 0 seals: relay-0 hands on its seals and chunks as they come."""
+    from rlctl.net import sealed as sealed_mod
     from rlctl.roles import relay as relay_mod
     from rlctl.roles.relay import SealedLinks, WeightRelay
 
     monkeypatch.setattr(relay_mod, "FALLBACK_S", 0.5)
+    sealings = []
+    real_seal = sealed_mod.seal
+    monkeypatch.setattr(sealed_mod, "seal", lambda *a: sealings.append(a[2]) or real_seal(*a))
+    hidden = (1024, 1024) if sealed else (8,)
     net, root = weights_net
     tree, root_bulk, tree_bulk = [f"tcp://127.0.0.1:{p}" for p in free_ports(3)]
     torch.manual_seed(0)
-    learner = QNetwork((4,), 2, (8,))
+    learner = QNetwork((4,), 2, hidden)
     pub = WeightPublisher(net, root, "learner-0", None, generation=3, bulk=root_bulk if sealed else None)
     parent_net, child_net = wire.SecureContext(net.keys), wire.SecureContext(net.keys)
     above = SealedLinks(root_bulk, None, tree_bulk) if sealed else None
 
     def parent_relay(context, local: str) -> WeightRelay:
         return WeightRelay(context, root, [f"ipc://{tmp_path}/{local}", tree], "relay-0", None,
-                           QNetwork((4,), 2, (8,)), bulk=above)
+                           QNetwork((4,), 2, hidden), bulk=above)
     parent = parent_relay(parent_net, "r0.sock")
     # From its own source address (ZeroMQ's `tcp://source;destination`), which the socket monitor leaves out.
     child = WeightRelay(child_net, tree.replace("tcp://", "tcp://127.0.0.1:0;"), f"ipc://{tmp_path}/r1.sock",
-                        "relay-1", None, QNetwork((4,), 2, (8,)), root=root,
+                        "relay-1", None, QNetwork((4,), 2, hidden), root=root,
                         bulk=SealedLinks(tree_bulk, root_bulk) if sealed else None)
-    host = WeightSubscriber(net, f"ipc://{tmp_path}/r1.sock", QNetwork((4,), 2, (8,)))  # a collector below relay-1
+    host = WeightSubscriber(net, f"ipc://{tmp_path}/r1.sock", QNetwork((4,), 2, hidden))  # a collector below relay-1
 
     def deliver(version: int, relays) -> None:
         with torch.no_grad():
@@ -463,6 +469,10 @@ def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_i
     deliver(3, [again, child])
     assert again.relayed >= 1
     assert child.upstream.dropped == host.dropped == 0
+    if sealed:
+        assert len(sealed_mod.chunk_spans(4 * child.upstream.size)) == 2
+        assert sealings and set(sealings) == {pub.bulk.token}  # rank 0's, none of the relays'
+        assert parent.forwarding and again.forwarding and not child.forwarding
     again_net.close()
     child_net.close()
 

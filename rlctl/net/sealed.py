@@ -6,26 +6,31 @@ ZeroMQ's CURVE encrypts each subscriber's copy apart, about 0.1-0.2 s of CPU per
 collectors (issue 32). Sealed, the version is encrypted once (AES-256-CTR, ~6 ms per 40 MB with AES-NI) and hashed
 once (SHA-256, ~23 ms), and every copy on the wire is the same bytes; each host hashes and decrypts it once.
 
-Two messages make a version:
+A version travels as:
 
 * the seal, on the CURVE weights socket (`SEALED`): the version's (generation, version), a fresh random key and
-  IV, and the SHA-256 digest of the ciphertext. CURVE authenticates it as the job's and keeps it secret;
-* the ciphertext, on the bulk socket (`BulkPublisher`, plain TCP): one frame of the publisher's topic (`token`),
-  then a wire message naming (generation, version) with the ciphertext as its one array.
+  IV, and the SHA-256 digest of each chunk of the ciphertext. CURVE authenticates it as the job's and keeps it secret;
+* the ciphertext in chunks of at least 4 MiB (`chunk_bytes`), on the bulk socket (`BulkPublisher`, plain TCP): each
+  one frame of the publisher's topic (`token`), then a wire message naming (generation, version) and the chunk's
+  index, with the chunk as its one array.
 
-A subscriber opens a ciphertext only with the seal of the same stamp, and only if its digest matches: bytes on the
-bulk socket that anyone else wrote (it has no authentication) are dropped and counted, whoever knows a version's key
-included, since the digest came over CURVE. The key is new for every version, so no key stream repeats. The bulk
-socket sends only to subscribers of its topic, a random token that rides in the seals, and applies no other
-subscription (ZMQ_XPUB_MANUAL; an empty one would match everything): a peer that did not take a seal over CURVE is
-sent nothing, nor does its subscribing make the publisher send again.
+A subscriber takes a chunk only with the seal of the same stamp, and only if its digest matches: bytes on the bulk
+socket that anyone else wrote (it has no authentication) are dropped and counted, whoever knows a version's key
+included, since the digests came over CURVE. It opens the version once every chunk has come. Chunks let a relay
+with relays below it hand each one on as it arrives, unopened, with the seal it came with (`BulkSubscriber.forward`):
+a version crosses a tree of relays in the time of one copy plus a chunk per level, not a whole copy, an opening and a
+sealing per level; and a host that lags loses chunks at its own queue, not the others' time. The key is new for
+every version, so no key stream repeats. The bulk socket sends only to subscribers of its topic (a random token that
+rides in the seals, or the token of a seal it handed on), and applies no other subscription (ZMQ_XPUB_MANUAL; an
+empty one would match everything): a peer that did not take a seal over CURVE is sent nothing, nor does its
+subscribing make the publisher send again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import zmq
@@ -38,24 +43,45 @@ TOKEN_BYTES = 16  # the bulk socket's topic
 _SUBSCRIPTION_MAXMSGSIZE = 64
 _BUFFERS = 3  # ciphertext buffers kept: the newest (re-publications), one in flight, one to write
 _BLOCK = 16  # AES's block: cryptography's update_into wants that much room past the input (older versions)
+CHUNK_BYTES = 4 << 20  # the least chunk: a 10M-parameter version is 10 of them
+MAX_CHUNKS = 256  # a seal's digests stay within a wire header (64 chars of hex each)
+BULK_HWM = 4 * 10  # chunks queued per peer either way: a few versions of a 10M-parameter model
 
 Stamp = tuple[int, int]
+Key = tuple[Stamp, bytes]  # a version's stamp and the token of the publisher that sealed it
+
+
+def chunk_bytes(size: int) -> int:
+    """The bytes per chunk of a ciphertext of `size` bytes (the last chunk may be shorter): both ends compute it."""
+    per = -(-size // MAX_CHUNKS)
+    return max(CHUNK_BYTES, -(-per // _BLOCK) * _BLOCK)
+
+
+def chunk_spans(size: int) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of a ciphertext of `size` bytes; one (empty) chunk for 0 bytes."""
+    step = chunk_bytes(size)
+    return [(start, min(start + step, size)) for start in range(0, size, step)] or [(0, 0)]
 
 
 @dataclass(frozen=True)
 class Seal:
-    """What opens one version's ciphertext: its stamp, key, IV and the ciphertext's SHA-256 digest."""
+    """What opens one version's ciphertext: its stamp, key, IV and the SHA-256 digest of each of its chunks."""
 
     stamp: Stamp
     key: bytes
     iv: bytes
-    digest: bytes
+    digests: tuple[bytes, ...]
     token: bytes  # the bulk socket's topic at the publisher that sealed it
+
+    @property
+    def id(self) -> Key:
+        """Its stamp and token: the chunks it opens carry both."""
+        return self.stamp, self.token
 
     def meta(self) -> dict:
         """The seal as a SEALED message's metadata (hex strings: wire headers carry no raw bytes)."""
-        return {"gen": self.stamp[0], "key": self.key.hex(), "iv": self.iv.hex(), "digest": self.digest.hex(),
-                "token": self.token.hex()}
+        return {"gen": self.stamp[0], "key": self.key.hex(), "iv": self.iv.hex(),
+                "digests": b"".join(self.digests).hex(), "token": self.token.hex()}
 
     @classmethod
     def from_message(cls, msg: wire.Message) -> "Seal | None":
@@ -65,15 +91,17 @@ class Seal:
         if type(gen) is not int:
             return None
         fields = []
-        for name, size in (("key", 32), ("iv", 16), ("digest", 32), ("token", TOKEN_BYTES)):
+        for name, size in (("key", 32), ("iv", 16), ("digests", None), ("token", TOKEN_BYTES)):
             text = meta.get(name)
-            if not isinstance(text, str) or len(text) != 2 * size:
+            if not isinstance(text, str) or (len(text) != 2 * size if size else
+                                             not 0 < len(text) <= 64 * MAX_CHUNKS or len(text) % 64):
                 return None
             try:
                 fields.append(bytes.fromhex(text))
             except ValueError:
                 return None
-        return cls((gen, msg.version), *fields)
+        key, iv, digests, token = fields
+        return cls((gen, msg.version), key, iv, tuple(digests[k:k + 32] for k in range(0, len(digests), 32)), token)
 
 
 def _cipher(key: bytes, iv: bytes):
@@ -105,27 +133,35 @@ def seal(params, stamp: Stamp, token: bytes, out: np.ndarray | None = None) -> t
         data = memoryview(np.ascontiguousarray(a, dtype=np.float32)).cast("B")
         _crypt_into(stream, data, view[offset:offset + len(data)])
         offset += len(data)
-    return Seal(stamp, key, iv, hashlib.sha256(out).digest(), token), out
+    digests = tuple(hashlib.sha256(view[a:b]).digest() for a, b in chunk_spans(size))
+    return Seal(stamp, key, iv, digests, token), out
 
 
 def unseal(s: Seal, ciphertext: np.ndarray, out: np.ndarray) -> bool:
-    """Decrypt `ciphertext` into `out` (same byte size) if its digest is the seal's; False, `out` untouched, if not."""
+    """Decrypt `ciphertext` into `out` (same byte size) if every chunk's digest is the seal's; False, `out`
+    untouched, if not."""
     data = memoryview(ciphertext).cast("B")
-    view = memoryview(out).cast("B")
-    if len(data) != len(view) or hashlib.sha256(data).digest() != s.digest:
+    spans = chunk_spans(len(data))
+    if len(data) != out.nbytes or len(spans) != len(s.digests) \
+            or any(hashlib.sha256(data[a:b]).digest() != d for (a, b), d in zip(spans, s.digests)):
         return False
-    _crypt_into(_cipher(s.key, s.iv).decryptor(), data, view)
+    _decrypt_into(s, data, out)
     return True
 
 
+def _decrypt_into(s: Seal, data: memoryview, out: np.ndarray) -> None:
+    _crypt_into(_cipher(s.key, s.iv).decryptor(), data, memoryview(out).cast("B"))
+
+
 class BulkPublisher:
-    """The bulk socket of a weights publisher: an XPUB without CURVE, sending ciphertexts to its topic's subscribers."""
+    """The bulk socket of a weights publisher: an XPUB without CURVE, sending ciphertexts in chunks to its topic's
+    subscribers (its own, or chunks taken from a publisher above: a relay's)."""
 
     def __init__(self, net: wire.SecureContext, endpoints: str | list[str]):
         self.token = secrets.token_bytes(TOKEN_BYTES)
         # Manual: a subscription takes effect only when this side applies it, and only the token's is (an empty
         # one, which would match every message, is not).
-        self.sock = net.plain_server(zmq.XPUB, endpoints, sndhwm=2, xpub_manual=1,
+        self.sock = net.plain_server(zmq.XPUB, endpoints, sndhwm=BULK_HWM, xpub_manual=1,
                                      maxmsgsize=_SUBSCRIPTION_MAXMSGSIZE)
         self.joins = 0  # subscriptions to the token so far (a peer that resubscribes counts again)
         self.last: tuple[Seal, np.ndarray] | None = None  # the newest version sealed: a re-publication reuses it
@@ -176,44 +212,89 @@ class BulkPublisher:
             self.buffers.append((buf, tracker))
 
     def send(self, sender: str, s: Seal, ciphertext: np.ndarray) -> None:
-        """The ciphertext to every subscriber of the token."""
+        """The ciphertext, chunk by chunk, to every subscriber of the token."""
         self.read_subscriptions()
-        frames = [self.token, *wire.encode(BULK, sender, s.stamp[1], {"gen": s.stamp[0]}, {"sealed": ciphertext})]
-        for frame in frames[:-1]:
-            self.sock.send(frame, zmq.SNDMORE)
-        self._keep(ciphertext, self.sock.send(frames[-1], copy=False, track=True))
+        trackers = []
+        for index, (a, b) in enumerate(chunk_spans(ciphertext.nbytes)):
+            header, chunk = wire.encode(BULK, sender, s.stamp[1], {"gen": s.stamp[0], "chunk": index},
+                                        {"sealed": ciphertext[a:b]})
+            self.sock.send(self.token, zmq.SNDMORE)
+            self.sock.send(header, zmq.SNDMORE)
+            trackers.append(self.sock.send(chunk, copy=False, track=True))
+        self._keep(ciphertext, zmq.MessageTracker(*trackers))
+
+    def handed_on(self, s: Seal) -> Seal:
+        """A seal from the publisher above as this one hands it on: the same version, key and digests, under this
+        publisher's token (its subscribers subscribe to that one only, across versions and learner restarts)."""
+        return replace(s, token=self.token)
+
+    def forward(self, frames: list) -> None:
+        """A chunk as it came from the publisher above (checked against its seal), under this publisher's token, to
+        its subscribers: the chunk's frames themselves, no copy."""
+        self.read_subscriptions()
+        self.sock.send_multipart([self.token, *frames[1:]], copy=False)
+
+
+@dataclass
+class _Assembly:
+    """One version's ciphertext as its chunks come: each verified against its seal, then copied into place (and,
+    for a relay that hands chunks on, its frames kept by index)."""
+
+    seal: Seal
+    buf: np.ndarray
+    missing: set[int]
+    frames: dict[int, list] | None
 
 
 class BulkSubscriber:
-    """A subscription to bulk sockets, to the token of each seal kept; keeps the newest ciphertext and the newest
-    seals, and gives the newest version whose seal and ciphertext have both come. (Several tokens at once: a relay
-    taking versions from the relay above and from rank 0 while the one above comes back, a restarted learner.)"""
+    """A subscription to bulk sockets, to the token of each seal kept. Each chunk is checked against its seal's
+    digest as it comes (one that comes before its seal waits for it) and copied into its version's buffer; the newest
+    version whose chunks have all come opens. (Several tokens at once: a relay taking versions from the relay above
+    and from rank 0 while the one above comes back, a restarted learner.) With `forward` a list, each chunk taken
+    goes into it too, as (seal, frames), for a relay to hand on, and `opened` keeps the frames of the version opened
+    last, for a relay's newcomers."""
 
     SEALS_KEPT = 4
+    ASSEMBLIES = 2  # versions coming at once: the newest, and one a second publisher (a restart) still sends
 
     def __init__(self, net: wire.SecureContext, endpoints: str | list[str], size_bytes: int):
         self.size_bytes = size_bytes
-        self.sock = net.plain_client(zmq.SUB, endpoints, rcvhwm=2,
-                                     maxmsgsize=max(size_bytes, wire.CONTROL_MAXMSGSIZE))
+        self.spans = chunk_spans(size_bytes)
+        self.sock = net.plain_client(zmq.SUB, endpoints, rcvhwm=BULK_HWM,
+                                     maxmsgsize=max(chunk_bytes(size_bytes), wire.CONTROL_MAXMSGSIZE))
         self.tokens: set[bytes] = set()
-        self.seals: dict[tuple[Stamp, bytes], Seal] = {}  # by stamp and token: a relay reseals rank 0's versions
-        self.ciphertext: tuple[Stamp, bytes, np.ndarray] | None = None
+        self.seals: dict[Key, Seal] = {}  # by stamp and token: a relay reseals for a newcomer
+        self.waiting: dict[Key, list[tuple[int, np.ndarray, list]]] = {}  # chunks that came before their seal
+        self.assemblies: dict[Key, _Assembly] = {}
+        self.spare: list[np.ndarray] = []  # buffers of versions opened or given up, for the next ones
+        self.held: Stamp = (-1, -1)  # the newest stamp opened: chunks of it or older are late
+        self.forward: list[tuple[Seal, list]] | None = None
+        self.opened: _Assembly | None = None
         self.dropped = 0
 
     def take_seal(self, s: Seal) -> None:
-        """Keep a seal (the newest few); subscribed to the tokens of the seals kept, and only those."""
-        self.seals[s.stamp, s.token] = s
+        """Keep a seal (the newest few); subscribed to the tokens of the seals kept, and only those. A seal whose
+        chunks do not fit the model's size is dropped and counted."""
+        if len(s.digests) != len(self.spans):
+            self.dropped += 1
+            return
+        if s.stamp <= self.held or s.id in self.seals:
+            return
+        self.seals[s.id] = s
         for old in sorted(self.seals)[:-self.SEALS_KEPT]:
             del self.seals[old]
+            self.waiting.pop(old, None)
         tokens = {kept.token for kept in self.seals.values()}
         for token in tokens - self.tokens:
             self.sock.setsockopt(zmq.SUBSCRIBE, token)
         for token in self.tokens - tokens:
             self.sock.setsockopt(zmq.UNSUBSCRIBE, token)
         self.tokens = tokens
+        for index, data, frames in self.waiting.pop(s.id, []):
+            self._take_chunk(s, index, data, frames)
 
     def take_waiting(self) -> None:
-        """Take the ciphertexts that arrived, keeping the newest well-formed one."""
+        """Take the chunks that arrived."""
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -222,10 +303,20 @@ class BulkSubscriber:
             arrived = self._parse(frames)
             if arrived is None:
                 self.dropped += 1
-            elif self.ciphertext is None or arrived[0] > self.ciphertext[0]:
-                self.ciphertext = arrived
+                continue
+            key, index, data = arrived
+            if key[0] <= self.held:
+                continue  # late: a version as new was opened
+            if key in self.seals:
+                self._take_chunk(self.seals[key], index, data, frames)
+            else:
+                waiting = self.waiting.setdefault(key, [])
+                if len(waiting) < len(self.spans):
+                    waiting.append((index, data, frames))
+                for old in sorted(self.waiting)[:-self.SEALS_KEPT]:
+                    del self.waiting[old]
 
-    def _parse(self, frames: list) -> tuple[Stamp, bytes, np.ndarray] | None:
+    def _parse(self, frames: list) -> tuple[Key, int, np.ndarray] | None:
         token = frames[0].bytes if frames else b""
         if len(frames) < 2 or token not in self.tokens:
             return None
@@ -233,24 +324,57 @@ class BulkSubscriber:
             msg = wire.decode(frames[1:])
         except wire.WireError:
             return None
-        gen, sealed = (msg.meta or {}).get("gen"), msg.arrays.get("sealed")
-        if msg.kind != BULK or type(gen) is not int or sealed is None or sealed.dtype != np.uint8 \
-                or sealed.shape != (self.size_bytes,):
+        meta = msg.meta or {}
+        gen, index, data = meta.get("gen"), meta.get("chunk"), msg.arrays.get("sealed")
+        if msg.kind != BULK or type(gen) is not int or type(index) is not int or not 0 <= index < len(self.spans) \
+                or data is None or data.dtype != np.uint8 or data.nbytes != self.spans[index][1] - self.spans[index][0]:
             return None
-        return (gen, msg.version), token, sealed
+        return ((gen, msg.version), token), index, data
+
+    def _take_chunk(self, s: Seal, index: int, data: np.ndarray, frames: list) -> None:
+        """A chunk of a version whose seal is here: checked, copied into the version's buffer, handed on."""
+        assembly = self.assemblies.get(s.id)
+        if assembly is not None and index not in assembly.missing:
+            return  # a second copy (rank 0's and a relay's, while a relay below changes over)
+        if assembly is None and len(self.assemblies) >= self.ASSEMBLIES and s.id < min(self.assemblies):
+            return  # older than every version coming: it would only push one of them out
+        if hashlib.sha256(data).digest() != s.digests[index]:
+            self.dropped += 1
+            return
+        if assembly is None:
+            assembly = self.assemblies[s.id] = self._start(s)
+        a, b = self.spans[index]
+        assembly.buf[a:b] = data
+        assembly.missing.discard(index)
+        if self.forward is not None:
+            self.forward.append((s, frames))
+            assembly.frames[index] = frames
+
+    def _start(self, s: Seal) -> _Assembly:
+        while len(self.assemblies) >= self.ASSEMBLIES:
+            self.spare.append(self.assemblies.pop(min(self.assemblies)).buf)
+        buf = self.spare.pop() if self.spare else np.empty(self.size_bytes, np.uint8)
+        return _Assembly(s, buf, set(range(len(self.spans))), {} if self.forward is not None else None)
+
+    def _newest_whole(self, held: Stamp) -> _Assembly | None:
+        whole = [a for a in self.assemblies.values() if not a.missing and a.seal.stamp > held]
+        return max(whole, key=lambda a: a.seal.id) if whole else None
 
     def ready(self, held: Stamp) -> bool:
-        """Whether a ciphertext newer than `held` and its seal have both come."""
-        return self.ciphertext is not None and self.ciphertext[0] > held and self.ciphertext[:2] in self.seals
+        """Whether every chunk of a version newer than `held` has come."""
+        return self._newest_whole(held) is not None
 
     def open_newest(self, out: np.ndarray, held: Stamp) -> Stamp | None:
-        """Decrypt the newest ciphertext newer than `held` whose seal has come into `out`: its stamp, or None (no
-        pair yet, or a ciphertext whose digest is not its seal's: dropped and counted)."""
-        if not self.ready(held):
+        """Decrypt the newest version newer than `held` whose chunks have all come into `out`: its stamp, or None."""
+        assembly = self._newest_whole(held)
+        if assembly is None:
             return None
-        stamp, token, ciphertext = self.ciphertext
-        self.ciphertext = None
-        if not unseal(self.seals[stamp, token], ciphertext, out):
-            self.dropped += 1
-            return None
-        return stamp
+        _decrypt_into(assembly.seal, memoryview(assembly.buf), out)
+        self.held = assembly.seal.stamp
+        self.opened = assembly if assembly.frames is not None else None
+        for key in [k for k in self.assemblies if k[0] <= self.held]:
+            self.spare.append(self.assemblies.pop(key).buf)
+        del self.spare[self.ASSEMBLIES:]
+        for key in [k for k in self.waiting if k[0] <= self.held]:
+            del self.waiting[key]
+        return self.held

@@ -3,7 +3,7 @@
 Learner rank 0 publishes each new version in the forms its subscribers take, on one XPUB socket:
 
 * "weights-sealed": for subscribers on other hosts, where the plan gives rank 0 a bulk socket: the version's seal
-  (key, IV, digest), its ciphertext sealed once for all of them on the bulk socket (rlctl.net.sealed);
+  (key, IV, chunk digests), its ciphertext sealed once for all of them on the bulk socket (rlctl.net.sealed);
 * "weights": the flat float32 parameter vector over CURVE, a copy per subscriber (a relay's Unix socket; a
   publisher without a bulk socket);
 * "weights-shared": a small notice naming version and slot of a `WeightBoard`, a file of SLOTS slots in /dev/shm
@@ -283,12 +283,24 @@ class WeightPublisher:
         """Send `version` of the model's parameters: a notice for board readers, the vector for everyone else."""
         self._send(version, self.generation, list(model.parameters()), lambda: flat_parameters(model).cpu().numpy())
 
-    def relay(self, version: int, generation: int, flat: np.ndarray) -> None:
+    def relay(self, version: int, generation: int, flat: np.ndarray, forwarded: bool = False) -> None:
         """Hand on a version that learner rank 0 published (a host's relay, rlctl.roles.relay): its generation
-        kept, so subscribers order it as they would rank 0's own."""
-        self._send(version, generation, flat, lambda: flat)
+        kept, so subscribers order it as they would rank 0's own. `forwarded`: its seal and chunks go on as they
+        came (`forward_seal`, `forward_chunk`), so it is not sealed here."""
+        self._send(version, generation, flat, lambda: flat, seal=not forwarded)
 
-    def _send(self, version: int, generation: int, params, vector) -> None:
+    def forward_seal(self, s: Seal) -> None:
+        """Hand on the seal of a version from the publisher above (a relay with relays below it), under this
+        publisher's token: its chunks follow as they come (`forward_chunk`), unopened and not sealed again."""
+        if self.bulk is not None and self.wanted(SEALED):
+            wire.send(self.sock, SEALED, self.sender, s.stamp[1], self.bulk.handed_on(s).meta())
+
+    def forward_chunk(self, frames: list) -> None:
+        """Hand on a chunk of the version whose seal went last (`forward_seal`)."""
+        if self.bulk is not None and self.wanted(SEALED):
+            self.bulk.forward(frames)
+
+    def _send(self, version: int, generation: int, params, vector, seal: bool = True) -> None:
         if self.board_file is not None and self.wanted(NOTICE):
             if self.board is None:
                 size = params.size if isinstance(params, np.ndarray) else sum(p.numel() for p in params)
@@ -301,7 +313,7 @@ class WeightPublisher:
                     self.slot, self.written = slot, (generation, version)
             if self.written == (generation, version):
                 wire.send(self.sock, NOTICE, self.sender, version, {"slot": self.slot, "gen": generation})
-        if self.bulk is not None and self.wanted(SEALED):
+        if self.bulk is not None and seal and self.wanted(SEALED):
             sealed, ciphertext = self.bulk.sealed((generation, version), lambda: _arrays(params))
             wire.send(self.sock, SEALED, self.sender, version, sealed.meta())
             self.bulk.send(self.sender, sealed, ciphertext)

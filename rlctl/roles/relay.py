@@ -113,27 +113,52 @@ class WeightRelay:
         links = (self.upstream.bulk.sock, bulk.upstream, bulk.root) if sealed else None
         self.watch = UpstreamWatch(self.upstream.sock, upstream, root, say, links) if below else None
         self.local = WeightPublisher(net, bind, name, board, bulk=bulk.bind)
+        if sealed and bulk.bind:  # relays below take rank 0's chunks from here as they come, unopened
+            self.upstream.bulk.forward = []
+        self.forwarded = None  # the stamp whose seal went on last
         self.relayed = 0
 
     def step(self, timeout_ms: int) -> bool:
         """Wait up to `timeout_ms` for a new version and hand it on (to newcomers too: the current one); True when
         a new version went out."""
         new = self.upstream.wait(timeout_ms) and self.upstream.poll()
+        self._forward()
         if self.watch is not None:
             # Only once the subscription is drained: a poll takes the first frame of a waiting message, and cutting
             # the connection it came on before its other frames are read aborts libzmq ("!_more", fq.cpp).
             self.watch.check(time.monotonic())
         if new:
-            self._send()
+            self._send(new=True)
             self.relayed += 1
             return True
         if self.local.joined() and self.upstream.version >= 0:
             self._send()
         return False
 
-    def _send(self) -> None:
+    @property
+    def forwarding(self) -> bool:
+        """Whether sealed versions go on to the relays below chunk by chunk as they come (`_forward`)."""
+        return self.upstream.bulk is not None and self.upstream.bulk.forward is not None
+
+    def _forward(self) -> None:
+        """The chunks taken since the last step, on to the relays below, each version's seal before its first."""
+        if not self.forwarding:
+            return
+        for s, frames in self.upstream.bulk.forward:
+            if s.stamp != self.forwarded:
+                self.local.forward_seal(s)
+                self.forwarded = s.stamp
+            self.local.forward_chunk(frames)
+        self.upstream.bulk.forward.clear()
+
+    def _send(self, new: bool = False) -> None:
         flat = self.upstream.flat if self.upstream.flat is not None else flat_parameters(self.model).numpy()
-        self.local.relay(self.upstream.version, self.upstream.stamp[0], flat)
+        self.local.relay(self.upstream.version, self.upstream.stamp[0], flat, forwarded=self.forwarding)
+        opened = self.upstream.bulk.opened if self.forwarding and not new else None
+        if opened is not None:  # a newcomer below missed the chunks as they went on: all of them again
+            self.local.forward_seal(opened.seal)
+            for index in sorted(opened.frames):
+                self.local.forward_chunk(opened.frames[index])
 
     def close(self) -> None:
         """Remove the board's file (after a clean stop; a killed relay's successor reuses it)."""
@@ -220,7 +245,8 @@ def run(rc: RoleContext, stop: StopFlag) -> None:
            f"{' (sealed, ciphertexts from ' + rc.endpoints['weights_bulk'] + ')' if bulk is not None else ''}"
            f" to this host's processes "
            f"{'through shared memory ' + rc.weight_board if rc.weight_board else 'over a local socket'}"
-           f"{', and to relays below at ' + tree if tree else ''}, "
+           f"{', and to relays below at ' + tree if tree else ''}"
+           f"{' (each chunk on as it comes, unopened)' if relay.forwarding else ''}, "
            f"and their control messages to the supervisor, pid {os.getpid()}")
     try:
         serve([relay], gather, control, stop)
