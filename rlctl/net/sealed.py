@@ -145,12 +145,14 @@ def unseal(s: Seal, ciphertext: np.ndarray, out: np.ndarray) -> bool:
     if len(data) != out.nbytes or len(spans) != len(s.digests) \
             or any(hashlib.sha256(data[a:b]).digest() != d for (a, b), d in zip(spans, s.digests)):
         return False
-    _decrypt_into(s, data, out)
+    _decrypt_into(s, data, memoryview(out).cast("B"))
     return True
 
 
-def _decrypt_into(s: Seal, data: memoryview, out: np.ndarray) -> None:
-    _crypt_into(_cipher(s.key, s.iv).decryptor(), data, memoryview(out).cast("B"))
+def _decrypt_into(s: Seal, data: memoryview, out: memoryview, offset: int = 0) -> None:
+    """Decrypt `data`, the ciphertext from byte `offset` on (a multiple of the block: a chunk's start), into `out`."""
+    counter = (int.from_bytes(s.iv, "big") + offset // _BLOCK) % (1 << 128)
+    _crypt_into(_cipher(s.key, counter.to_bytes(16, "big")).decryptor(), data, out)
 
 
 class BulkPublisher:
@@ -237,13 +239,11 @@ class BulkPublisher:
 
 @dataclass
 class _Assembly:
-    """One version's ciphertext as its chunks come: each verified against its seal, then copied into place (and,
-    for a relay that hands chunks on, its frames kept by index)."""
+    """One version's ciphertext as its chunks come, each checked against its seal and kept as it came (the chunk,
+    a view of its frame; and the frames, for a relay that hands them on again): no copy until it is opened."""
 
     seal: Seal
-    buf: np.ndarray
-    missing: set[int]
-    frames: dict[int, list] | None
+    chunks: dict[int, tuple[np.ndarray, list]]
 
 
 class BulkSubscriber:
@@ -251,7 +251,7 @@ class BulkSubscriber:
     digest as it comes (one that comes before its seal waits for it) and copied into its version's buffer; the newest
     version whose chunks have all come opens. (Several tokens at once: a relay taking versions from the relay above
     and from rank 0 while the one above comes back, a restarted learner.) With `forward` a list, each chunk taken
-    goes into it too, as (seal, frames), for a relay to hand on, and `opened` keeps the frames of the version opened
+    goes into it too, as (seal, frames), for a relay to hand on, and `opened` keeps the chunks of the version opened
     last, for a relay's newcomers."""
 
     SEALS_KEPT = 4
@@ -266,7 +266,6 @@ class BulkSubscriber:
         self.seals: dict[Key, Seal] = {}  # by stamp and token: a relay reseals for a newcomer
         self.waiting: dict[Key, list[tuple[int, np.ndarray, list]]] = {}  # chunks that came before their seal
         self.assemblies: dict[Key, _Assembly] = {}
-        self.spare: list[np.ndarray] = []  # buffers of versions opened or given up, for the next ones
         self.held: Stamp = (-1, -1)  # the newest stamp opened: chunks of it or older are late
         self.forward: list[tuple[Seal, list]] | None = None
         self.opened: _Assembly | None = None
@@ -334,7 +333,7 @@ class BulkSubscriber:
     def _take_chunk(self, s: Seal, index: int, data: np.ndarray, frames: list) -> None:
         """A chunk of a version whose seal is here: checked, copied into the version's buffer, handed on."""
         assembly = self.assemblies.get(s.id)
-        if assembly is not None and index not in assembly.missing:
+        if assembly is not None and index in assembly.chunks:
             return  # a second copy (rank 0's and a relay's, while a relay below changes over)
         if assembly is None and len(self.assemblies) >= self.ASSEMBLIES and s.id < min(self.assemblies):
             return  # older than every version coming: it would only push one of them out
@@ -342,22 +341,15 @@ class BulkSubscriber:
             self.dropped += 1
             return
         if assembly is None:
-            assembly = self.assemblies[s.id] = self._start(s)
-        a, b = self.spans[index]
-        assembly.buf[a:b] = data
-        assembly.missing.discard(index)
+            while len(self.assemblies) >= self.ASSEMBLIES:
+                del self.assemblies[min(self.assemblies)]
+            assembly = self.assemblies[s.id] = _Assembly(s, {})
+        assembly.chunks[index] = data, frames
         if self.forward is not None:
             self.forward.append((s, frames))
-            assembly.frames[index] = frames
-
-    def _start(self, s: Seal) -> _Assembly:
-        while len(self.assemblies) >= self.ASSEMBLIES:
-            self.spare.append(self.assemblies.pop(min(self.assemblies)).buf)
-        buf = self.spare.pop() if self.spare else np.empty(self.size_bytes, np.uint8)
-        return _Assembly(s, buf, set(range(len(self.spans))), {} if self.forward is not None else None)
 
     def _newest_whole(self, held: Stamp) -> _Assembly | None:
-        whole = [a for a in self.assemblies.values() if not a.missing and a.seal.stamp > held]
+        whole = [a for a in self.assemblies.values() if len(a.chunks) == len(self.spans) and a.seal.stamp > held]
         return max(whole, key=lambda a: a.seal.id) if whole else None
 
     def ready(self, held: Stamp) -> bool:
@@ -369,12 +361,13 @@ class BulkSubscriber:
         assembly = self._newest_whole(held)
         if assembly is None:
             return None
-        _decrypt_into(assembly.seal, memoryview(assembly.buf), out)
+        view = memoryview(out).cast("B")
+        for index, (a, b) in enumerate(self.spans):
+            _decrypt_into(assembly.seal, memoryview(assembly.chunks[index][0]), view[a:b], a)
         self.held = assembly.seal.stamp
-        self.opened = assembly if assembly.frames is not None else None
+        self.opened = assembly if self.forward is not None else None
         for key in [k for k in self.assemblies if k[0] <= self.held]:
-            self.spare.append(self.assemblies.pop(key).buf)
-        del self.spare[self.ASSEMBLIES:]
+            del self.assemblies[key]
         for key in [k for k in self.waiting if k[0] <= self.held]:
             del self.waiting[key]
         return self.held

@@ -157,8 +157,8 @@ class WeightRelay:
         opened = self.upstream.bulk.opened if self.forwarding and not new else None
         if opened is not None:  # a newcomer below missed the chunks as they went on: all of them again
             self.local.forward_seal(opened.seal)
-            for index in sorted(opened.frames):
-                self.local.forward_chunk(opened.frames[index])
+            for index in sorted(opened.chunks):
+                self.local.forward_chunk(opened.chunks[index][1])
 
     def close(self) -> None:
         """Remove the board's file (after a clean stop; a killed relay's successor reuses it)."""
