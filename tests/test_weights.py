@@ -477,6 +477,59 @@ def test_a_relay_below_another_takes_versions_from_it_and_from_rank_0_while_it_i
     child_net.close()
 
 
+def test_a_relay_joining_below_mid_version_gets_the_chunks_it_missed(tmp_path, weights_net, monkeypatch):
+    """relay-0 hands rank 0's chunks on as they come. relay-1 joins below it after version 1 opened there and while
+    version 2 is half there (its first chunk only): relay-0 sends it version 1 whole and version 2's first chunk
+    again, so version 2 opens at relay-1 once its last chunk comes, and nothing was sealed but by rank 0."""
+    from rlctl.net import sealed as sealed_mod
+    from rlctl.roles import relay as relay_mod
+    from rlctl.roles.relay import SealedLinks, WeightRelay
+
+    monkeypatch.setattr(relay_mod, "FALLBACK_S", 60.0)  # relay-1 stays below relay-0
+    sealings = []
+    real_seal = sealed_mod.seal
+    monkeypatch.setattr(sealed_mod, "seal", lambda *a: sealings.append(a[2]) or real_seal(*a))
+    net, root = weights_net
+    tree, root_bulk, tree_bulk = [f"tcp://127.0.0.1:{p}" for p in free_ports(3)]
+    torch.manual_seed(0)
+    learner = QNetwork((4,), 2, (1024, 1024))  # two chunks
+    pub = WeightPublisher(net, root, "learner-0", None, generation=3, bulk=root_bulk)
+    parent = WeightRelay(wire.SecureContext(net.keys), root, [f"ipc://{tmp_path}/r0.sock", tree], "relay-0", None,
+                         QNetwork((4,), 2, (1024, 1024)), bulk=SealedLinks(root_bulk, None, tree_bulk))
+    wait_for(lambda: (pub.publish(1, learner), parent.step(1), parent.upstream.version == 1)[-1], 10,
+             interval=0.001, what="version 1 at relay-0")
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.add_(0.1)
+    s2, c2 = pub.bulk.sealed((3, 2), lambda: [p.detach().numpy().reshape(-1) for p in learner.parameters()])
+    spans = sealed_mod.chunk_spans(c2.nbytes)
+    assert len(spans) == 2
+
+    def send_chunk(index: int) -> None:
+        a, b = spans[index]
+        header, data = wire.encode(sealed_mod.BULK, "learner-0", 2, {"gen": 3, "chunk": index}, {"sealed": c2[a:b]})
+        pub.bulk.sock.send_multipart([pub.bulk.token, header, data])
+    wire.send(pub.sock, SEALED, "learner-0", 2, s2.meta())
+    send_chunk(0)
+    wait_for(lambda: (parent.step(1), any(k[0] == (3, 2) for k in parent.upstream.bulk.assemblies))[-1], 10,
+             interval=0.001, what="version 2's first chunk at relay-0")
+    child_net = wire.SecureContext(net.keys)
+    child = WeightRelay(child_net, tree.replace("tcp://", "tcp://127.0.0.1:0;"), f"ipc://{tmp_path}/r1.sock",
+                        "relay-1", None, QNetwork((4,), 2, (1024, 1024)), root=root,
+                        bulk=SealedLinks(tree_bulk, root_bulk))
+    wait_for(lambda: (parent.step(1), child.step(1), child.upstream.version == 1)[-1], 10, interval=0.001,
+             what="version 1 at relay-1")
+    assert parent.upstream.version == 1
+    send_chunk(1)
+    wait_for(lambda: (parent.step(1), child.step(1), child.upstream.version == 2)[-1], 10, interval=0.001,
+             what="version 2 at relay-1")
+    assert parameter_digest(child.model) == parameter_digest(learner) == parameter_digest(parent.model)
+    assert not child.watch.on_root and child.upstream.dropped == parent.upstream.dropped == 0
+    assert set(sealings) == {pub.bulk.token}
+    child_net.close()
+    parent.local.close()
+
+
 def _cut_from_rank_0_with_a_version_half_read(folder: str) -> None:
     """relay-1 on rank 0 (relay-0 gone), relay-0 back, and a version from rank 0 whose first frame a poll took (as
     the relay's loop polls) when relay-1's next step cuts it from rank 0."""

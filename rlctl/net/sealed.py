@@ -252,7 +252,7 @@ class BulkSubscriber:
     version whose chunks have all come opens. (Several tokens at once: a relay taking versions from the relay above
     and from rank 0 while the one above comes back, a restarted learner.) With `forward` a list, each chunk taken
     goes into it too, as (seal, frames), for a relay to hand on, and `opened` keeps the chunks of the version opened
-    last, for a relay's newcomers."""
+    last, for a relay's newcomers (`kept`)."""
 
     SEALS_KEPT = 4
     ASSEMBLIES = 2  # versions coming at once: the newest, and one a second publisher (a restart) still sends
@@ -347,6 +347,12 @@ class BulkSubscriber:
         assembly.chunks[index] = data, frames
         if self.forward is not None:
             self.forward.append((s, frames))
+
+    def kept(self) -> list[tuple[Seal, dict[int, tuple[np.ndarray, list]]]]:
+        """The version opened last and those coming, each with its chunks so far (by index), oldest first: what a
+        relay hands a newcomer below (with `forward` on)."""
+        kept = [self.opened] if self.opened is not None else []
+        return [(a.seal, a.chunks) for a in kept + [self.assemblies[k] for k in sorted(self.assemblies)]]
 
     def _newest_whole(self, held: Stamp) -> _Assembly | None:
         whole = [a for a in self.assemblies.values() if len(a.chunks) == len(self.spans) and a.seal.stamp > held]

@@ -128,11 +128,13 @@ class WeightRelay:
             # the connection it came on before its other frames are read aborts libzmq ("!_more", fq.cpp).
             self.watch.check(time.monotonic())
         if new:
-            self._send(new=True)
+            self._send()
             self.relayed += 1
             return True
-        if self.local.joined() and self.upstream.version >= 0:
-            self._send()
+        if self.local.joined():
+            if self.upstream.version >= 0:
+                self._send()
+            self._forward_kept()
         return False
 
     @property
@@ -151,14 +153,19 @@ class WeightRelay:
             self.local.forward_chunk(frames)
         self.upstream.bulk.forward.clear()
 
-    def _send(self, new: bool = False) -> None:
+    def _forward_kept(self) -> None:
+        """For a newcomer below, which missed the chunks as they went on: the version opened last and the chunks so
+        far of one still coming, all again (the others below take them for late or second copies)."""
+        if not self.forwarding:
+            return
+        for s, chunks in self.upstream.bulk.kept():
+            self.local.forward_seal(s)
+            for index in sorted(chunks):
+                self.local.forward_chunk(chunks[index][1])
+
+    def _send(self) -> None:
         flat = self.upstream.flat if self.upstream.flat is not None else flat_parameters(self.model).numpy()
         self.local.relay(self.upstream.version, self.upstream.stamp[0], flat, forwarded=self.forwarding)
-        opened = self.upstream.bulk.opened if self.forwarding and not new else None
-        if opened is not None:  # a newcomer below missed the chunks as they went on: all of them again
-            self.local.forward_seal(opened.seal)
-            for index in sorted(opened.chunks):
-                self.local.forward_chunk(opened.chunks[index][1])
 
     def close(self) -> None:
         """Remove the board's file (after a clean stop; a killed relay's successor reuses it)."""
