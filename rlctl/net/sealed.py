@@ -1,5 +1,5 @@
-"""Weights sealed once per version for other hosts: encrypted and hashed by learner rank 0 (or a relay) once, sent
-as ciphertext over a socket without CURVE, opened once by each host.
+"""Weights sealed once per version for other hosts: encrypted and hashed by learner rank 0 once, sent as ciphertext
+in chunks over a socket without CURVE (and on through relays unopened), opened once by each host.
 
 ZeroMQ's CURVE encrypts each subscriber's copy apart, about 0.1-0.2 s of CPU per 40 MB copy at each end here: a
 10M-parameter version to 16 hosts cost 3-6 s of CPU, more than the whole 3 s a version may take to reach 1,000
@@ -17,13 +17,13 @@ A version travels as:
 A subscriber takes a chunk only with the seal of the same stamp, and only if its digest matches: bytes on the bulk
 socket that anyone else wrote (it has no authentication) are dropped and counted, whoever knows a version's key
 included, since the digests came over CURVE. It opens the version once every chunk has come. Chunks let a relay
-with relays below it hand each one on as it arrives, unopened, with the seal it came with (`BulkSubscriber.forward`):
-a version crosses a tree of relays in the time of one copy plus a chunk per level, not a whole copy, an opening and a
-sealing per level; and a host that lags loses chunks at its own queue, not the others' time. The key is new for
-every version, so no key stream repeats. The bulk socket sends only to subscribers of its topic (a random token that
-rides in the seals, or the token of a seal it handed on), and applies no other subscription (ZMQ_XPUB_MANUAL; an
-empty one would match everything): a peer that did not take a seal over CURVE is sent nothing, nor does its
-subscribing make the publisher send again.
+with relays below it hand each one on as it arrives, unopened, with the seal it came with under the relay's own
+token (`BulkSubscriber.forward`): a version crosses a tree of relays in the time of one copy plus a chunk per level,
+not a whole copy, an opening and a sealing per level; and a host that lags loses chunks at its own queue, not the
+others' time. The key is new for every version, so no key stream repeats. The bulk socket sends only to subscribers
+of its topic (a random token that rides in the seals), and applies no other subscription (ZMQ_XPUB_MANUAL; an empty
+one would match everything): a peer that did not take a seal over CURVE is sent nothing, nor does its subscribing
+make the publisher send again.
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ class _Assembly:
 
 class BulkSubscriber:
     """A subscription to bulk sockets, to the token of each seal kept. Each chunk is checked against its seal's
-    digest as it comes (one that comes before its seal waits for it) and copied into its version's buffer; the newest
-    version whose chunks have all come opens. (Several tokens at once: a relay taking versions from the relay above
+    digest as it comes (one that comes before its seal waits for it) and kept as it came; the newest version whose
+    chunks have all come opens. (Several tokens at once: a relay taking versions from the relay above
     and from rank 0 while the one above comes back, a restarted learner.) With `forward` a list, each chunk taken
     goes into it too, as (seal, frames), for a relay to hand on, and `opened` keeps the chunks of the version opened
     last, for a relay's newcomers (`kept`)."""
@@ -263,7 +263,7 @@ class BulkSubscriber:
         self.sock = net.plain_client(zmq.SUB, endpoints, rcvhwm=BULK_HWM,
                                      maxmsgsize=max(chunk_bytes(size_bytes), wire.CONTROL_MAXMSGSIZE))
         self.tokens: set[bytes] = set()
-        self.seals: dict[Key, Seal] = {}  # by stamp and token: a relay reseals for a newcomer
+        self.seals: dict[Key, Seal] = {}  # by stamp and token: one version may come from rank 0 and from a relay
         self.waiting: dict[Key, list[tuple[int, np.ndarray, list]]] = {}  # chunks that came before their seal
         self.assemblies: dict[Key, _Assembly] = {}
         self.held: Stamp = (-1, -1)  # the newest stamp opened: chunks of it or older are late
@@ -331,7 +331,7 @@ class BulkSubscriber:
         return ((gen, msg.version), token), index, data
 
     def _take_chunk(self, s: Seal, index: int, data: np.ndarray, frames: list) -> None:
-        """A chunk of a version whose seal is here: checked, copied into the version's buffer, handed on."""
+        """A chunk of a version whose seal is here: checked, kept, handed on."""
         assembly = self.assemblies.get(s.id)
         if assembly is not None and index in assembly.chunks:
             return  # a second copy (rank 0's and a relay's, while a relay below changes over)
