@@ -258,7 +258,6 @@ class BulkSubscriber:
     ASSEMBLIES = 2  # versions coming at once: the newest, and one a second publisher (a restart) still sends
 
     def __init__(self, net: wire.SecureContext, endpoints: str | list[str], size_bytes: int):
-        self.size_bytes = size_bytes
         self.spans = chunk_spans(size_bytes)
         self.sock = net.plain_client(zmq.SUB, endpoints, rcvhwm=BULK_HWM,
                                      maxmsgsize=max(chunk_bytes(size_bytes), wire.CONTROL_MAXMSGSIZE))
