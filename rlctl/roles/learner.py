@@ -248,6 +248,8 @@ class LearnerShell:
             if self.control.due(now):
                 self.report(window, now)
                 window = ReportWindow(now, self.updates)
+        if window.updates:  # the updates since the last heartbeat: a run that stopped within one reported no loss
+            self.report(window, time.monotonic())
         self.finish()
 
     def step(self, batch: dict, window: "ReportWindow") -> None:
