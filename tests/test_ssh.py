@@ -282,6 +282,52 @@ def test_an_elastic_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, t
     assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
 
 
+def test_an_elastic_ppo_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, tmp_path):
+    """PPO with `topology.min_learner_nodes = 1` over two learner hosts: every collector sends to rank 0 (on h1),
+    which deals each round's rollouts to the ranks present. h2 taken down mid-run (its sshd and every process there
+    SIGKILLed) leaves h1's rank alone in a world of 1, taking every collector's rollout each round, without the
+    supervisor restarting anything on h1; once h2 is back its node rejoins (world 2) and takes its share again, and
+    the run reaches its target with both ranks' parameters equal."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    # Slow to its target (a tenth of the shipped learning rate, one env per collector): past the rejoin.
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"learner": True},
+                                            2: {"collectors": 1}},
+                     name="ssh-elastic-ppo", envs_per_collector="1", lr="4e-4", rollout_len="256")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+                   + "\n[logging]\nheartbeat_timeout_s = 15.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h2 = runs / run_id, lab.hosts[1]
+    worlds = lambda: [w for _, w in read_state(run_dir).get("learner_worlds", [])]  # noqa: E731
+    updates = lambda: read_state(run_dir)["metrics"].get("learner/updates", 0)  # noqa: E731
+    wait_for(lambda: worlds() == [2] and updates() > 10, 120, what="both learner nodes updating")
+    head_agent = _agent_pid(run_id, 0)
+    lab.take_down(h2)
+    lost_at = time.time()
+    try:
+        wait_for(lambda: worlds() == [2, 1], 60, what="a world of 1 on h1")
+        alone = updates()
+        wait_for(lambda: updates() > alone + 10, 60, what="h1 updating alone")
+        print(f"world of 1 updating {time.time() - lost_at:.1f} s after h2 went down")
+        assert _agent_pid(run_id, 0) == head_agent  # torchrun's agent on h1 re-formed the group: never restarted
+    finally:
+        lab.bring_back(h2)
+    wait_for(lambda: worlds() == [2, 1, 2], 120, what="h2's node back in a world of 2")
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
+    procs = {p["name"]: p for p in state["processes"]}
+    assert procs["learner-0"]["host"] == "h1" and not procs["learner-0"].get("note"), procs["learner-0"]
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
+    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
+    status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+    assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
+
+
 def test_an_elastic_learner_host_down_at_the_start_joins_once_it_answers(lab, tmp_path):
     """A learner host that cannot be reached when the run starts (a spare that comes up later), running only a learner
     node of an elastic world: the check warns of it instead of refusing the run, the head learns in a world of 1, and

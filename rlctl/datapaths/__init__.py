@@ -57,8 +57,6 @@ class DataPath:
     shard_role: str = ""
     shard_module: str = ""  # what a shard process runs (`python -m`)
     message_kind: str = ""  # kind of what actor cores' take() returns on this path (the collector's messages)
-    # Whether learner ranks may come and go (elastic learners): every message still reaches a rank that reads it.
-    elastic_ranks: bool = False
     # The fields every message of the path carries (the shells read them: `reward` counts what was sent).
     message_fields: tuple[str, ...] = ()
 

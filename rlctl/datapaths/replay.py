@@ -20,7 +20,6 @@ class ReplayPath(DataPath):
     shard_role = Role.REPLAY_SHARD
     shard_module = "rlctl.roles.replay"
     message_kind = "experience"
-    elastic_ranks = True  # shards keep the experience; each round's ranks divide the shards among them
     message_fields = ("reward",)
 
     def message_layout(self, actor, job, info) -> dict:

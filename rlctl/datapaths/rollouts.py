@@ -1,5 +1,6 @@
 """The rollouts data path: collector c pushes [T(+1), envs] rollouts of one policy version to learner rank
-c mod ranks, which stacks its share into a batch (synchronously: one of the current version per own collector)."""
+c mod ranks, which stacks its share into a batch (synchronously: one of the current version per own collector).
+In an elastic world every collector pushes to rank 0, which deals each round's rollouts to the ranks present."""
 
 from __future__ import annotations
 
@@ -75,17 +76,28 @@ class RolloutPath(DataPath):
         return out
 
     def learner_source(self, net, rc, job, info, rank, world, device):
-        """This rank's share of the collectors' rollouts, stacked on `device`."""
+        """This rank's share of the collectors' rollouts, stacked on `device`. Each rank binds the socket of its
+        place in the plan (its node's first rank + its local rank), which in an elastic world may differ from its
+        rank in the round: rank 0 learns the others' from all of them and deals to those."""
         from rlctl.datapaths.rollout_source import RolloutSource
 
-        return RolloutSource(net, rc.binds[f"rollouts-{rank}"], job, info, job.algorithm_entry.load("actor").layout, rank, world,
-                             device)
+        slot = sum(job.learner_node_procs[:rc.learner_node]) + rc.local_rank
+        dealt_to = None
+        if job.elastic_learners and world > 1:
+            import torch.distributed as dist
+
+            slots: list = [None] * world
+            dist.all_gather_object(slots, slot)
+            dealt_to = [rc.endpoints["rollouts"][s] for s in slots[1:]] if rank == 0 else None
+        return RolloutSource(net, rc.binds[f"rollouts-{slot}"], job, info, job.algorithm_entry.load("actor").layout,
+                             rank, world, device, dealt_to)
 
     def senders(self, net, endpoints, job, info, name, collector=None):
-        """A PUSH per learner rank (an inference server, for all its collectors), or collector `collector`'s one."""
+        """A PUSH per learner rank (an inference server, for all its collectors), or collector `collector`'s one;
+        in an elastic world rank 0's alone, which deals the rollouts to the ranks present."""
         from rlctl.datapaths.rollout_source import rollout_buffer_bytes
         from rlctl.datapaths.sender import ExperienceSender
 
-        ranks = endpoints["rollouts"]
+        ranks = endpoints["rollouts"][:1] if job.elastic_learners else endpoints["rollouts"]
         chosen = ranks if collector is None else [ranks[collector % len(ranks)]]
         return [ExperienceSender(net, ep, name, self.message_kind, rollout_buffer_bytes(job, info)) for ep in chosen]

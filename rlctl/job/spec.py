@@ -540,10 +540,6 @@ class JobSpec(Section):
         if least > nodes:
             raise ValueError(f"topology.min_learner_nodes: {least} is more than the job's {nodes} learner node"
                              f"{'s' if nodes > 1 else ''}")
-        if least < nodes and not self.data_path.elastic_ranks:
-            raise ValueError(f"topology.min_learner_nodes: {self.algorithm.name} sends each collector's rollouts to one "
-                             "learner rank, which a smaller world would leave unread; elastic learners need a replay "
-                             "algorithm (apex, r2d2)")
         return self
 
     @property

@@ -39,6 +39,7 @@ class RoleContext:
     binds: dict
     world_size: int = 1
     local_rank: int = 0
+    learner_node: int = 0  # a learner rank's node in the plan (its place in an elastic world's round may differ)
     weight_board: str | None = None  # on learner rank 0's host, or a relay's: weights come through this shared file
 
     @classmethod
@@ -65,6 +66,7 @@ class RoleContext:
             checkpoint_dir=env.get("RLCTL_CHECKPOINT_DIR", ""), keys=wire.CurveKeys.from_env(),
             binds=json.loads(env.get("RLCTL_BINDS", "{}")),
             world_size=int(env.get("WORLD_SIZE", "1")), local_rank=int(env.get("LOCAL_RANK", "0")),
+            learner_node=int(env["RLCTL_RANK"]) if role == Role.LEARNER else 0,
             weight_board=_weight_board(env.get("RLCTL_WEIGHT_BOARD")),
         )
 

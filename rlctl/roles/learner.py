@@ -329,7 +329,7 @@ def headless(rc: RoleContext) -> bool:
     """Rank 0 of an elastic world without the head: the rendezvous ranks the head's node first whenever it takes
     part (rlctl.launch.elastic), so this round formed without it (its agent restarting its rank, or slow to renew
     its place)."""
-    return rc.job.elastic_learners and rc.rank == 0 and os.environ.get("RLCTL_RANK", "0") != "0"
+    return rc.job.elastic_learners and rc.rank == 0 and rc.learner_node != 0
 
 
 def run(rc: RoleContext, stop: StopFlag) -> None:

@@ -22,13 +22,15 @@ class RolloutCore(LearnerCore):
         self.model: ActorCritic = build_model(job, setup.info).to(setup.device)
         self.train_model = setup.distribute(self.model)
         self.opt = self._optimizer()
-        # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank).
+        # Env steps that one version consumes over all ranks (for learning-rate annealing, identical on every rank):
+        # APPO's and IMPALA's follow the world, which changes in an elastic one, so the steps are summed as they go.
         per_rollout = algo.rollout_len * job.env.envs_per_collector
         rollouts = (job.collector_count if job.algorithm_entry.synchronous
                     else algo.rollouts_per_update(job.env.envs_per_collector) * setup.world)
         self.steps_per_version = per_rollout * rollouts
         self.generator = torch.Generator().manual_seed(job.job.seed * 1000 + setup.rank)
         self.version = 0
+        self.env_steps = 0  # env steps of the versions so far, over all ranks
         self.max_grad_norm = algo.max_grad_norm
         self.cols: torch.Tensor | None = None  # PPO: the live observation columns of the update (steps)
 
@@ -40,7 +42,7 @@ class RolloutCore(LearnerCore):
         """Linear annealing to 0 over `lr_anneal_steps` env steps (constant when unset)."""
         lr = self.algo.lr
         if self.algo.lr_anneal_steps:
-            lr *= max(1.0 - self.version * self.steps_per_version / self.algo.lr_anneal_steps, 0.0)
+            lr *= max(1.0 - self.env_steps / self.algo.lr_anneal_steps, 0.0)
         for group in self.opt.param_groups:
             group["lr"] = lr
         return lr
@@ -62,20 +64,23 @@ class RolloutCore(LearnerCore):
     def end_update(self, batch: dict) -> None:
         """One new version."""
         self.version += 1
+        self.env_steps += self.steps_per_version
 
     def samples(self, batch: dict) -> int:
         """Valid env steps of the rollouts."""
         return int(batch["valid"].sum())
 
     def state_dict(self) -> dict:
-        """Optimizer, version and the minibatch generator."""
-        return {"optimizer": self.opt.state_dict(), "version": self.version,
+        """Optimizer, version, env steps and the minibatch generator."""
+        return {"optimizer": self.opt.state_dict(), "version": self.version, "env_steps": self.env_steps,
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned."""
         self.opt.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        # A checkpoint from before the steps were kept: its versions were all of this world's size.
+        self.env_steps = int(state.get("env_steps", self.version * self.steps_per_version))
         self.generator.set_state(state["generator"])
 
 
