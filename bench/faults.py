@@ -20,8 +20,9 @@ the slowest of them), split into the silence before the host is lost and the res
 have ended itself, session_timeout_s + 5 s, and the collectors' start); then the interface comes back and the host
 is re-admitted before the next round.
 
-Then, over SSH test hosts, `--learner-node-rounds` times: the Ape-X job with `topology.min_learner_nodes = 1` and
-learner nodes on h1 and h2, h2 taken down (sshd and every process there SIGKILLed) -> the head's first update in the
+Then, over SSH test hosts, `--learner-node-rounds` times: the Ape-X job (`--learner-node-algo ppo`: jobs/ppo.toml,
+whose collectors send to rank 0, which deals the rollouts) with `topology.min_learner_nodes = 1` and learner nodes
+on h1 and h2, h2 taken down (sshd and every process there SIGKILLed) -> the head's first update in the
 world left (its `first_update`), the updates it lost (its last before the break minus the checkpoint it went on from),
 and h2's sshd back -> the heartbeat that reports a world of 2 again.
 
@@ -59,9 +60,9 @@ sys.path.insert(0, str(REPO / "tests"))
 from rlctl import events  # noqa: E402
 
 
-def job_text() -> str:
-    """The shipped Ape-X job, running until stopped here, with checkpoints every second."""
-    text = (REPO / "jobs" / "apex.toml").read_text()
+def job_text(job: str = "apex") -> str:
+    """The shipped Ape-X job (or `job`), running until stopped here, with checkpoints every second."""
+    text = (REPO / "jobs" / f"{job}.toml").read_text()
     text = re.sub(r"(?ms)^\[job\.stop\]\n.*?\n\n", "[job.stop]\nenv_steps = 100000000\nwall_s = 1200\n\n", text)
     text = text.replace("[topology]\n", "[topology]\nlearner_max_restarts = 100\nmax_restarts = 100\n")
     return text + "\n[logging]\ncheckpoint_interval_s = 1.0\n"
@@ -196,13 +197,14 @@ def host_loss(rounds: int) -> list[tuple[float, float]] | None:
         return out
 
 
-def learner_node_job(lab, workdir: Path) -> str:
-    """The Ape-X job with elastic learners on lab hosts h1 (the head: learner, shard, a collector) and h2 (a learner
-    node), a collector on h3, running until stopped."""
-    text = re.sub(r"(?m)^(collectors|evaluator) = .*\n", "", job_text())
+def learner_node_job(lab, workdir: Path, algo: str = "apex") -> str:
+    """The Ape-X (or PPO: jobs/ppo.toml) job with elastic learners on lab hosts h1 (the head: learner, Ape-X's shard,
+    a collector) and h2 (a learner node), a collector on h3, running until stopped."""
+    text = job_text() if algo == "apex" else job_text("ppo")
+    text = re.sub(r"(?m)^(collectors|evaluator) = .*\n", "", text)
     text = text.replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
-    for i, counts in enumerate([{"learner": True, "replay_shards": 1, "collectors": 1}, {"learner": True},
-                                {"collectors": 1}]):
+    head = {"learner": True, "collectors": 1, **({"replay_shards": 1} if algo == "apex" else {})}
+    for i, counts in enumerate([head, {"learner": True}, {"collectors": 1}]):
         (workdir / f"h{i + 1}").mkdir(exist_ok=True)
         text += "\n" + lab.host_toml(lab.hosts[i], sys.executable, str(workdir / f"h{i + 1}"), **counts)
     return text
@@ -213,17 +215,18 @@ def worlds(run_dir: Path) -> list[list]:
     return state(run_dir).get("learner_worlds", [])
 
 
-def learner_node_loss(rounds: int) -> list[tuple[float, float, int]] | None:
+def learner_node_loss(rounds: int, algo: str = "apex") -> list[tuple[float, float, int]] | None:
     """Per round: seconds from a learner node's host taken down (sshd and every process there SIGKILLed) to the
     head's first update in the world left, seconds from its sshd back to a world of 2 again, and the updates the
     head's rank lost (made before the break, not in the checkpoint it went on from). None without the lab."""
-    with lab_run("learner node loss", learner_node_job) as ran:
+    with lab_run(f"{algo} learner node loss", lambda lab, workdir: learner_node_job(lab, workdir, algo)) as ran:
         if ran is None:
             return None
         lab, run_dir = ran
         out = []
+        warm = 500 if algo == "apex" else 50  # updates before each round (PPO makes far fewer a second)
         for _ in range(rounds):
-            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, 500), 180,
+            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, warm), 180,
                  "a world of 2 learning")
             sizes, t0 = len(worlds(run_dir)), time.time()
             lab.take_down(lab.hosts[1])
@@ -236,7 +239,7 @@ def learner_node_loss(rounds: int) -> list[tuple[float, float, int]] | None:
             t3 = wait(lambda: len(worlds(run_dir)) >= sizes + 2 and worlds(run_dir)[-1][1] == 2 and worlds(run_dir)[-1][0],
                       180, "a world of 2 again")
             out.append((t1 - t0, t3 - t2, broke - resumed))
-            print(f"learner node's host taken down: the head's first update in a world of 1 after {t1 - t0:.1f} s "
+            print(f"{algo}: learner node's host taken down: the head's first update in a world of 1 after {t1 - t0:.1f} s "
                   f"({broke - resumed} updates lost); sshd back: a world of 2 after {t3 - t2:.1f} s", flush=True)
         return out
 
@@ -347,11 +350,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--host-loss-rounds", type=int, default=2, help="rounds over SSH test hosts (0: none)")
     ap.add_argument("--learner-node-rounds", type=int, default=2, help="elastic learner rounds over SSH test hosts")
+    ap.add_argument("--learner-node-algo", choices=("apex", "ppo"), default="apex",
+                    help="the elastic learner rounds' job: jobs/apex.toml, or jobs/ppo.toml (rank 0 deals rollouts)")
     ap.add_argument("--preempt-rounds", type=int, default=2, help="rounds on a test Slurm cluster (0: none)")
     args = ap.parse_args()
     out = local_faults(args.rounds)
     hosts = host_loss(args.host_loss_rounds) if args.host_loss_rounds > 0 else None
-    nodes = learner_node_loss(args.learner_node_rounds) if args.learner_node_rounds > 0 else None
+    nodes = learner_node_loss(args.learner_node_rounds, args.learner_node_algo) if args.learner_node_rounds > 0 else None
     preempts = preemption(args.preempt_rounds) if args.preempt_rounds > 0 else None
     result = {"bench": "faults", "rounds": args.rounds,
               "collector_recover_s": median(out["collector"]),
@@ -360,6 +365,7 @@ def main() -> None:
               "host_loss_to_step_s": median(t for t, _ in hosts or []),
               "host_loss_detect_s": median(d for _, d in hosts or []),
               "host_loss_heartbeat_timeout_s": HOST_LOSS_HEARTBEAT_S,
+              "learner_node_algo": args.learner_node_algo,
               "learner_node_loss_to_update_s": median(t for t, _, _ in nodes or []),
               "learner_node_rejoin_s": median(r for _, r, _ in nodes or []),
               "learner_node_updates_lost": max(u for _, _, u in nodes) if nodes else None,
