@@ -178,3 +178,34 @@ def test_the_loop_s_checks_wait_for_their_interval_while_messages_are_handled_in
     finally:
         net.close()
         router.close()
+
+
+def test_a_learner_rank_is_the_node_its_key_was_given_to_in_an_elastic_world(tmp_path):
+    """Ranks are numbered per rendezvous round: in an elastic world of three learner nodes where node 1 left (or
+    node 2 is a spare that took its place), rank 1 runs on node 2 and sends with node 2's key; its messages are
+    node 2's. A fixed world's rank 1 is node 1's, and node 2's key cannot speak for it."""
+    from types import SimpleNamespace
+
+    from rlctl.job.load import load_job
+    from rlctl.supervise.control_router import ControlRouter
+
+    hosts = "".join(f'\n[[hosts]]\nname = "h{i}"\naddress = "10.0.0.{i}"\nlearner = true\ncollectors = 1\n'
+                    for i in range(1, 4))
+    base = '[job]\nname = "r"\n\n[env]\nid = "CartPole-v1"\n\n[algorithm]\nname = "ppo"\n\n[topology]\n'
+    names = ["learner-0", "learner-1", "learner-2"]
+    keys = wire.CurveKeys.generate()
+    pairs = {n: zmq.curve_keypair() for n in names}
+    owned = wire.CurveKeys(keys.server_public, keys.server_secret, keys.client_public, keys.client_secret,
+                           tuple(cp for cp, _ in pairs.values()), tuple(names))
+    by_name = {n: SimpleNamespace(spec=SimpleNamespace(name=n)) for n in names}
+    hello = parse_control("hello", "learner-1", {"pid": 9, "role": "learner", "rank": 1, "host": "h3"})
+    for elastic, node in ((True, "learner-2"), (False, None)):
+        path = tmp_path / f"{elastic}.toml"
+        path.write_text(base + ("min_learner_nodes = 1\n" if elastic else "") + hosts)
+        router = ControlRouter(owned, "tcp://127.0.0.1:1", load_job(path), by_name, {})
+        peer = pairs["learner-2"][0].decode()
+        if node:
+            assert router._sender(hello, peer) is by_name[node]
+        else:
+            with pytest.raises(ControlError, match="learner-1 sent with the key of learner-2"):
+                router._sender(hello, peer)

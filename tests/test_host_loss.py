@@ -197,6 +197,59 @@ def test_an_elastic_learner_node_is_lost_with_its_host_and_starts_there_again_on
     table.watch.close()
 
 
+def test_a_spare_learner_host_starts_once_the_group_has_formed_and_waits_to_take_a_place(tmp_path, answers):
+    """`spare = true` on a third learner host: torchrun's group holds at most the two others (`--nnodes 1:2`); the
+    spare's node is held back at the start (so it can never take the head's place in the first round), released
+    once the learner group has formed, and noted as in the group once its ranks speak."""
+    import shlex
+
+    from rlctl.supervise import spares
+    from rlctl.supervise.process_table import ProcessTable
+
+    text = HOSTS.replace('name = "h2"\n', 'name = "h2"\nlearner = true\n')
+    text = text.replace('name = "h4"\n', 'name = "h4"\nlearner = true\nspare = true\n')
+    spec = spec_of(tmp_path, text.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\n\n[logging]\n"))
+    assert spec.elastic_learners and spec.max_learner_nodes == 2 and spec.learner_ranks == 3
+    plan = make_plan(spec, "v-1", str(tmp_path / "run"), 42000)
+    table = ProcessTable(spec, plan, on_restart=lambda name: None)
+    spare, h2 = table.by_name["learner-2"], table.by_name["learner-1"]
+    assert spare.spec.spare and spare.spec.host == "h4" and not spare.spec.critical and not h2.spec.spare
+    for h in (table.by_name["learner-0"], h2, spare):
+        argv = shlex.split(h.spec.argv[-1]) if h.spec.remote else h.spec.argv
+        assert argv[argv.index("--nnodes") + 1] == "1:2"
+    assert spare.life.state is ProcState.RESTARTING and spare.life.note == spares.HELD
+    assert spare not in table.due(1e12)  # held, whatever the time
+    spares.release(table.handles, 100.0)
+    assert spare.life.note == spares.WAITING and table.due(100.0) == [spare]
+    assert spare.life.state is ProcState.STARTING and spare.life.restarts == 0
+    spares.release(table.handles, 101.0)  # once
+    assert spare.life.state is ProcState.STARTING
+    spares.heard(spare, 130.0)  # as the supervisor's loop hears a process: before the table
+    table.heard(spare, SimpleNamespace(role="learner", pid=None, rank=1), 130.0)
+    assert spare.life.state is ProcState.RUNNING and spare.life.note.startswith("spare: in the learner group since ")
+    table.watch.close()
+
+
+def test_a_spare_must_be_an_elastic_learner_host_other_than_the_head(tmp_path):
+    from rlctl.job.load import JobFileError
+
+    elastic = HOSTS.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\n\n[logging]\n")
+    cases = [
+        (elastic.replace('name = "h2"\n', 'name = "h2"\nspare = true\n'),
+         r"hosts\[1\].spare: only a learner host can be a spare"),
+        (elastic.replace('name = "h1"\nlearner = true\n', 'name = "h1"\nlearner = true\nspare = true\n'),
+         r"hosts\[0\].spare: the first learner host is the head"),
+        (HOSTS.replace('name = "h2"\n', 'name = "h2"\nlearner = true\nspare = true\n'),
+         r"hosts\[1\].spare: a spare learner host needs elastic learners"),
+        (elastic.replace('min_learner_nodes = 1', 'min_learner_nodes = 2')
+         .replace('name = "h2"\n', 'name = "h2"\nlearner = true\nspare = true\n'),
+         r"min_learner_nodes: 2 is more than the job's 1 learner node \(spares aside\)"),
+    ]
+    for text, why in cases:
+        with pytest.raises(JobFileError, match=why):
+            spec_of(tmp_path, text)
+
+
 def test_an_elastic_learner_node_whose_host_ssh_cannot_reach_loses_the_host_at_once(tmp_path, answers):
     """An elastic learner node alone on its host, its session ended by ssh (255) with no restart left: the host is
     lost then and there (probed from now on), not a heartbeat timeout later."""

@@ -331,6 +331,53 @@ def test_an_elastic_rollout_learner_goes_on_without_a_lost_host_and_takes_it_bac
     assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
 
 
+def test_a_spare_learner_host_takes_a_lost_nodes_place_and_the_node_back_waits_as_the_spare(lab, tmp_path):
+    """PPO over learner hosts h1 and h2 with h4 a spare (`spare = true`): torchrun's group holds two nodes, so h4's
+    node, started once the group has formed, waits in the rendezvous. h2 taken down (sshd and every process there
+    SIGKILLed): h4's node takes its place, without a supervisor restart on h1; h2 back, its node waits in its stead;
+    the run reaches its target with both ranks' parameters equal."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"learner": True},
+                                           2: {"collectors": 1}, 3: {"learner": True, "spare": True}},
+                     name="ssh-spare", envs_per_collector="1", lr="4e-4", rollout_len="256")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+                   + "\n[logging]\nheartbeat_timeout_s = 15.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h2 = runs / run_id, lab.hosts[1]
+    procs = lambda: {p["name"]: p for p in read_state(run_dir).get("processes", [])}  # noqa: E731
+    updates = lambda: read_state(run_dir)["metrics"].get("learner/updates", 0)  # noqa: E731
+    wait_for(lambda: updates() > 10 and procs()["learner-2"]["state"] == "starting", 120,
+             what="a world of 2 updating, the spare's node started")
+    assert procs()["learner-2"]["note"].startswith("spare: waits in the rendezvous"), procs()["learner-2"]
+    head_agent = _agent_pid(run_id, 0)
+    lab.take_down(h2)
+    lost_at = time.time()
+    try:
+        wait_for(lambda: procs()["learner-2"]["state"] == "running", 90, what="the spare's node in the group")
+        joined = updates()
+        wait_for(lambda: updates() > joined + 10, 60, what="the group with the spare updating")
+        print(f"the spare in the learner group and updating {time.time() - lost_at:.1f} s after h2 went down")
+        assert _agent_pid(run_id, 0) == head_agent
+    finally:
+        lab.bring_back(h2)
+    wait_for(lambda: procs()["learner-1"]["note"].startswith("host h2 back at ")
+             and procs()["learner-1"]["state"] == "starting", 90, what="h2's node back, waiting")
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
+    final = {p["name"]: p for p in state["processes"]}
+    assert final["learner-0"]["host"] == "h1" and not final["learner-0"].get("note"), final["learner-0"]
+    assert final["learner-2"]["note"].startswith("spare: in the learner group since "), final["learner-2"]
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
+    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    # torchrun's round that took the spare in: rank 1 of 2, in place of h2's node.
+    spare_log = (run_dir / "logs" / "learner-2.log").read_text()
+    assert re.search(r"node=2\)' has joined round \d+ of the rendezvous \S+ as rank 1 in a world of size 2", spare_log)
+
+
 def test_an_elastic_learner_host_down_at_the_start_joins_once_it_answers(lab, tmp_path):
     """A learner host that cannot be reached when the run starts (a spare that comes up later), running only a learner
     node of an elastic world: the check warns of it instead of refusing the run, the head learns in a world of 1, and

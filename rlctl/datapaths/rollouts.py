@@ -29,14 +29,15 @@ class RolloutPath(DataPath):
 
     def min_collectors(self, job) -> int:
         """One collector per learner rank at least: each rank learns from its own collectors' rollouts."""
-        return job.learner_ranks
+        return job.max_world_ranks
 
     def check_collectors(self, job) -> None:
-        """At least one collector per learner rank."""
-        if job.collector_count < job.learner_ranks:
+        """At least one collector per learner rank (of the largest group: spare hosts wait outside it)."""
+        ranks = job.max_world_ranks
+        if job.collector_count < ranks:
             where = "hosts" if job.hosts else "topology.collectors"
             raise ValueError(f"{where}: {job.algorithm.name} sends each collector's rollouts to one learner rank, so it "
-                             f"needs at least one collector per rank ({job.collector_count} < {job.learner_ranks})")
+                             f"needs at least one collector per rank ({job.collector_count} < {ranks})")
 
     def check_hosts(self, job) -> None:
         """No host runs replay shards: nothing would use them."""
@@ -52,7 +53,7 @@ class RolloutPath(DataPath):
             return []
         # While a collector takes one rollout, its rank receives one from each of its collectors and so makes this
         # many updates: the lag a rollout arrives with, about.
-        per_rank = -(-job.collector_count // job.learner_ranks)
+        per_rank = -(-job.collector_count // job.max_world_ranks)
         per_update = algo.rollouts_per_update(job.env.envs_per_collector)
         lag = per_rank / per_update
         if lag <= algo.max_policy_lag:

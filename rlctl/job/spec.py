@@ -224,8 +224,10 @@ class TopologySpec(Section):
     min_learner_nodes: Annotated[int, Field(ge=1, le=4096)] | None = None
     """Elastic learners (torchrun's c10d rendezvous, `--nnodes MIN:MAX`): the learner goes on while this many of its
     nodes remain. A node whose rank dies, or whose host is lost, leaves the group; the others re-form it and go on
-    from the last update (rank 0 saves it); the node rejoins when it (or its host) is back. Replay algorithms only.
-    Default: every learner node (a fixed world: a lost node restarts them all)."""
+    from the last update (rank 0 saves it); the node rejoins when it (or its host) is back, or a spare host
+    (`hosts[].spare`) takes its place. Every algorithm: a rollout algorithm's collectors then send to rank 0, which
+    deals the rollouts to the ranks present. Default: every learner node (a fixed world: a lost node restarts them
+    all)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Learner device: `auto` = cuda:LOCAL_RANK where a GPU is present, else CPU."""
     learner_threads: Annotated[int, Field(ge=0, le=1024)] = 0
@@ -413,6 +415,9 @@ class HostSpec(Section):
     """Run a learner node here (a torchrun node); the first such host is the head (rank 0)."""
     learner_procs: Annotated[int, Field(ge=1, le=1024)] | None = None
     """Learner processes on this node (torchrun `--nproc-per-node`); default `topology.learner_procs`."""
+    spare: bool = False
+    """A learner host held in reserve (elastic learners): its node starts once the learner group has formed and waits
+    in the rendezvous; it takes the place of a node that leaves, and a node that comes back waits in its stead."""
     collectors: Annotated[int, Field(ge=0, le=100_000)] = 0
     """Collector processes here."""
     replay_shards: Annotated[int, Field(ge=0, le=100_000)] = 0
@@ -532,21 +537,39 @@ class JobSpec(Section):
 
     @model_validator(mode="after")
     def _check_elastic(self) -> "JobSpec":
-        least, nodes = self.topology.min_learner_nodes, len(self.learner_node_procs)
+        least, nodes = self.topology.min_learner_nodes, self.max_learner_nodes
         if not self.hosts and self.cluster.scheduler == "slurm":
             nodes = self.cluster.learner_nodes  # the allocation's hosts are placed at run time
+        head = next((i for i, h in enumerate(self.hosts) if h.learner), None)
+        for i, h in enumerate(self.hosts):
+            if h.spare and not h.learner:
+                raise ValueError(f"hosts[{i}].spare: only a learner host can be a spare (set learner = true)")
+            if h.spare and i == head:
+                raise ValueError(f"hosts[{i}].spare: the first learner host is the head (rank 0, the weights and "
+                                 "checkpoints): it cannot be a spare")
+            if h.spare and least is None:
+                raise ValueError(f"hosts[{i}].spare: a spare learner host needs elastic learners (set "
+                                 "topology.min_learner_nodes)")
         if least is None:
             return self
         if least > nodes:
+            spares = " (spares aside)" if nodes < len(self.learner_node_procs) else ""
             raise ValueError(f"topology.min_learner_nodes: {least} is more than the job's {nodes} learner node"
-                             f"{'s' if nodes > 1 else ''}")
+                             f"{'s' if nodes > 1 else ''}{spares}")
         return self
 
     @property
     def elastic_learners(self) -> bool:
-        """Whether the learner nodes form an elastic world (topology.min_learner_nodes below their number)."""
+        """Whether the learner nodes form an elastic world (topology.min_learner_nodes below their number, or spare
+        learner hosts to take a lost node's place)."""
         least = self.topology.min_learner_nodes
-        return least is not None and least < len(self.learner_node_procs)
+        most = self.max_learner_nodes
+        return least is not None and (least < most or most < len(self.learner_node_procs))
+
+    @property
+    def max_learner_nodes(self) -> int:
+        """Learner nodes the group holds at most (torchrun's `--nnodes MIN:MAX`): every learner host but the spares."""
+        return sum(1 for h in self.hosts if h.learner and not h.spare) if self.hosts else len(self.learner_node_procs)
 
     @model_validator(mode="after")
     def _check_runnable(self) -> "JobSpec":
@@ -584,6 +607,13 @@ class JobSpec(Section):
     def learner_ranks(self) -> int:
         """Total learner processes (DDP world size)."""
         return sum(self.learner_node_procs)
+
+    @property
+    def max_world_ranks(self) -> int:
+        """The most learner ranks a group can hold at once: all of them, but with spare hosts the head's and those of
+        the largest other nodes that fit in `max_learner_nodes`."""
+        head, *others = self.learner_node_procs
+        return head + sum(sorted(others, reverse=True)[:self.max_learner_nodes - 1])
 
     def learner_node_of(self, rank: int) -> int:
         """The learner node that runs global rank `rank` (torchrun numbers ranks node after node)."""

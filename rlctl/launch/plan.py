@@ -61,6 +61,7 @@ class ProcessSpec:
     remote: bool = False  # started over SSH: argv is the `ssh` command, env is what the remote side gets
     secret_keys: tuple[str, ...] = ()  # env keys whose values are secrets (the host's own env): never shown or on argv
     command: tuple[str, ...] = ()  # what runs on the host, before its launcher (ssh, srun) wraps it into argv
+    spare: bool = False  # a spare learner host's node: started once the learner group has formed
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ class ProcessBuilder:
         # An elastic world goes on without a node other than the head's: only the head's end ends the run.
         critical = role in CRITICAL_ROLES and (h is self.head or not spec.elastic_learners)
         self.processes.append(ProcessSpec(name, role, rank, h.name, full, env, binds, critical, not h.is_local,
-                                          secret, tuple(command)))
+                                          secret, tuple(command), spare=role == Role.LEARNER and h.spare))
 
     def learner_threads(self, h: HostSpec, ranks: int) -> str:
         """torch threads of each learner rank on `h`: the job's number, or the cores left after the host's other
@@ -299,7 +300,10 @@ class ProcessBuilder:
                     "--rdzv-endpoint", rendezvous]
         conf = {"is_host": int(node == 0), "last_call_timeout": ELASTIC_LAST_CALL_S,
                 "keep_alive_interval": ELASTIC_KEEP_ALIVE_S, "keep_alive_max_attempt": 3}
-        return ["--nnodes", f"{self.spec.topology.min_learner_nodes}:{nodes}", "--rdzv-backend", "c10d",
+        # At most the nodes of the plan but its spares: a spare's agent waits in torchrun's redundancy list until
+        # the group is short of a node (it starts after the group first formed, so it never takes the head's place).
+        most = sum(1 for n in self.learner_nodes if not n.spare)
+        return ["--nnodes", f"{self.spec.topology.min_learner_nodes}:{most}", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", rendezvous, "--local-addr", self.net.addr(h),
                 "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items())]
 

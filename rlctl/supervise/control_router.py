@@ -115,16 +115,20 @@ class ControlRouter:
 
     def _sender(self, msg: ControlMessage, peer: str | None) -> ProcessHandle:
         """The process a message is from: the one its claimed name resolves to, if CURVE authenticated its key."""
+        owner = self.keys.owner(peer)
         if msg.role == Role.LEARNER:
-            # Learner senders are named by torchrun rank; the plan's static rendezvous fixes each rank's node.
+            # Learner senders are named by torchrun rank. A static rendezvous fixes each rank's node; an elastic one
+            # numbers the nodes of each round (a spare's, or those after a node that left), so there the node is
+            # the learner node whose key sent it.
             if msg.rank >= self.spec.learner_ranks:
                 raise ControlError(f"no learner rank {msg.rank}")
-            handle = self.by_name.get(f"learner-{self.spec.learner_node_of(msg.rank)}")
+            node = (owner if self.spec.elastic_learners and owner and owner.startswith(f"{Role.LEARNER}-")
+                    else f"{Role.LEARNER}-{self.spec.learner_node_of(msg.rank)}")
+            handle = self.by_name.get(node)
         else:
             handle = self.by_name.get(msg.sender)
         if handle is None:
             raise ControlError(f"no process {msg.sender} in the plan")
-        owner = self.keys.owner(peer)
         if owner != handle.spec.name:  # a sender is who CURVE says, not what it claims
             raise ControlError(f"{msg.sender} sent with the key of {owner or 'nobody'}")
         return handle

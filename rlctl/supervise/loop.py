@@ -24,6 +24,7 @@ from rlctl.metrics import MetricsHub
 from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.process_start import ProcessStarter
+from rlctl.supervise import spares
 from rlctl.supervise.preemption import Preemption
 from rlctl.supervise.process_table import ProcessHandle, ProcessTable, wait_gone
 from rlctl.supervise.remote_cleanup import finish_remote
@@ -146,6 +147,8 @@ class Supervisor:
                 self.log.write(line)
                 print(f"rlctl: {line}", file=sys.stderr, flush=True)
             self.table.check_hung(now)
+            if self.sink.hub.learner_worlds:
+                spares.release(self.table.handles, now)
             for h in self.table.due(now):
                 self.starter.start(h)
             if now >= next_point:
@@ -172,11 +175,16 @@ class Supervisor:
         while not self.stop_signals and (left := until - time.monotonic()) > 0:
             self.router.drain(max(1, round(1000 * left)))
 
+    def _heard(self, h: ProcessHandle, msg: ControlMessage) -> None:
+        now = time.time()
+        spares.heard(h, now)  # before the table's: a spare's first word since it started
+        self.table.heard(h, msg, now)
+
     def _on_hello(self, h: ProcessHandle, msg: ControlMessage) -> None:
-        self.table.heard(h, msg, time.time())
+        self._heard(h, msg)
 
     def _on_heartbeat(self, h: ProcessHandle, msg: ControlMessage) -> None:
-        self.table.heard(h, msg, time.time())
+        self._heard(h, msg)
         figures = self.sink.take(h.spec.name, h.spec.role, msg)
         if figures is not None:
             h.metrics = figures

@@ -16,6 +16,7 @@ from rlctl.launch.forkserver import FORKED_MODULES, ForkServer
 from rlctl.launch.hosts import SECRET_ENV
 from rlctl.launch.plan import LaunchPlan
 from rlctl.supervise.process_table import ProcessHandle
+from rlctl.supervise.restart_policy import ProcState
 from rlctl.roles.supervisor_watch import LOG_FILE_ENV
 from rlctl.tether import SUPERVISOR_PID_ENV
 from rlctl.rundir import RunDir
@@ -58,9 +59,11 @@ class ProcessStarter:
         """Start every process at once, except that at most SESSIONS_OPENING_PER_HOST SSH sessions to one host are
         logging in at a time: sshd's default MaxStartups (10:30:100) drops connections beyond 10 unauthenticated.
         Processes from the fork server come last: the first of them waits for the server's imports. `meanwhile`
-        runs while sessions wait; `stopping` ends the wait."""
+        runs while sessions wait; `stopping` ends the wait. A process held back (a spare learner node, not
+        STARTING) starts later, when the table says it is due."""
         waiting: dict[str, deque[ProcessHandle]] = {}
-        for h in sorted(handles, key=lambda h: self.forkserver is not None and self._forkable(h)):
+        ready = [h for h in handles if h.life.state is ProcState.STARTING]
+        for h in sorted(ready, key=lambda h: self.forkserver is not None and self._forkable(h)):
             if h.spec.remote:
                 waiting.setdefault(h.spec.host, deque()).append(h)
             else:

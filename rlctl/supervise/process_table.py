@@ -25,6 +25,7 @@ from rlctl.launch.forkserver import ForkedProcess, ForkServer
 from rlctl.launch.hosts import ATTEMPT, CONTROL_VIA_ENV
 from rlctl.launch.plan import LaunchPlan, ProcessSpec, moved, re_placement
 from rlctl.supervise.host_loss import HostWatch, restart_delay
+from rlctl.supervise import spares
 from rlctl.supervise.restart_policy import SSH_FAILED, Lifecycle, ProcState, RestartPolicy
 from rlctl.supervise.run_state import RunEnd
 from rlctl.liveness import group_alive, process_start_time
@@ -272,7 +273,7 @@ class ProcessTable:
     def __init__(self, spec: JobSpec, plan: LaunchPlan, on_restart: Callable[[str], None]):
         self.spec = spec
         self.policy = RestartPolicy.of(spec)
-        self.handles = [ProcessHandle(p, Lifecycle(self.policy)) for p in plan.processes]
+        self.handles = [ProcessHandle(p, spares.lifecycle(p, self.policy)) for p in plan.processes]
         self.by_name = {h.spec.name: h for h in self.handles}
         self.on_restart = on_restart  # a process of the plan restarts (told to the metrics: its env steps stay)
         # The Slurm job whose steps this run's processes are (None over SSH), and the nodes that left it mid-run.
