@@ -215,6 +215,20 @@ def test_two_learner_nodes_train_in_lockstep_over_ddp(lab, tmp_path):
         lab.hosts[0].address, lab.hosts[1].address]
 
 
+def elastic_run_ended(run_dir: Path, criterion: str) -> dict:
+    """The end of an elastic run (its state): finished by `criterion`; the head's node on h1, never restarted by the
+    supervisor (torchrun's agent there re-formed the group); ranks 0 and 1 in a world of 2 with equal parameters."""
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == criterion, state["exit_reason"]
+    head = next(p for p in state["processes"] if p["name"] == "learner-0")
+    assert head["host"] == "h1" and not head.get("note"), head
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
+    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    return state
+
+
 # Above the head's silence while its world re-forms: about 10 s after a node's death; after a cut, a third of this
 # (its collective's timeout, 10 s at least) and then the same.
 ELASTIC_HEARTBEAT_S = {"down": 15.0, "cut": 30.0}
@@ -259,15 +273,8 @@ def test_an_elastic_learner_goes_on_without_a_lost_host_and_takes_it_back(lab, t
             subprocess.run(["ip", "-n", h2.netns, "link", "set", "eth0", "up"], check=True)
     wait_for(lambda: worlds() == [2, 1, 2], 120, what="h2's node back in a world of 2")
     print(f"world of 2 again {time.time() - cut_at:.1f} s after h2 went {fault}")
-    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
-                     CAP_S, what="the run to end")
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "eval_return", state["exit_reason"]
+    state = elastic_run_ended(run_dir, "eval_return")  # torchrun's agent on h1 re-formed the group, twice
     procs = {p["name"]: p for p in state["processes"]}
-    # The supervisor restarted nothing on h1: torchrun's agent there re-formed the group, twice.
-    assert procs["learner-0"]["host"] == "h1" and not procs["learner-0"].get("note"), procs["learner-0"]
-    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
-    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
-    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
     log = (run_dir / "logs" / "supervisor.log").read_text()
     # down: h2 lost at once (ssh cannot reach it), its node started there again once it answered. cut: the same once
     # h2 was silent for the heartbeat timeout (its node's ranks had failed), or, where the cut healed before, the node
@@ -317,14 +324,7 @@ def test_an_elastic_rollout_learner_goes_on_without_a_lost_host_and_takes_it_bac
     finally:
         lab.bring_back(h2)
     wait_for(lambda: worlds() == [2, 1, 2], 120, what="h2's node back in a world of 2")
-    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
-                     CAP_S, what="the run to end")
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
-    procs = {p["name"]: p for p in state["processes"]}
-    assert procs["learner-0"]["host"] == "h1" and not procs["learner-0"].get("note"), procs["learner-0"]
-    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
-    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
-    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    elastic_run_ended(run_dir, "train_return")
     log = (run_dir / "logs" / "supervisor.log").read_text()
     assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
     status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
@@ -364,15 +364,9 @@ def test_a_spare_learner_host_takes_a_lost_nodes_place_and_the_node_back_waits_a
         lab.bring_back(h2)
     wait_for(lambda: procs()["learner-1"]["note"].startswith("host h2 back at ")
              and procs()["learner-1"]["state"] == "starting", 90, what="h2's node back, waiting")
-    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
-                     CAP_S, what="the run to end")
-    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
-    final = {p["name"]: p for p in state["processes"]}
-    assert final["learner-0"]["host"] == "h1" and not final["learner-0"].get("note"), final["learner-0"]
-    assert final["learner-2"]["note"].startswith("spare: in the learner group since "), final["learner-2"]
-    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
-    assert r0["learner/final"] == r1["learner/final"] == 1 and r0["learner/world"] == r1["learner/world"] == 2
-    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/updates"] == r1["learner/updates"]
+    state = elastic_run_ended(run_dir, "train_return")
+    spare = next(p for p in state["processes"] if p["name"] == "learner-2")
+    assert spare["note"].startswith("spare: in the learner group since "), spare
     # torchrun's round that took the spare in: rank 1 of 2, in place of h2's node.
     spare_log = (run_dir / "logs" / "learner-2.log").read_text()
     assert re.search(r"node=2\)' has joined round \d+ of the rendezvous \S+ as rank 1 in a world of size 2", spare_log)
