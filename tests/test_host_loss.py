@@ -217,6 +217,13 @@ def test_a_spare_learner_host_starts_once_the_group_has_formed_and_waits_to_take
     for h in (table.by_name["learner-0"], h2, spare):
         argv = shlex.split(h.spec.argv[-1]) if h.spec.remote else h.spec.argv
         assert argv[argv.index("--nnodes") + 1] == "1:2"
+    from rich.console import Console
+
+    from rlctl.views.plan_view import process_table
+
+    console = Console(width=200, record=True)
+    console.print(process_table(plan, 200))
+    assert re.search(r"learner-2 +learner \(spare\) +2 +h4", console.export_text()), console.export_text()
     assert spare.life.state is ProcState.RESTARTING and spare.life.note == spares.HELD
     assert spare not in table.due(1e12)  # held, whatever the time
     spares.release(table.handles, 100.0)
@@ -420,3 +427,23 @@ def test_the_learner_worlds_sizes_are_recorded_and_shown_once_it_changed(monkeyp
     line = next(x for x in header_lines(state) if x.startswith("learner world"))
     assert re.fullmatch(r"learner world 2 -> 1 \(\d\d:\d\d:\d\d\) -> 2 \(\d\d:\d\d:\d\d\)", line), line
     assert set(hub.learner_ranks) == {0, 1}
+
+
+def test_an_unreachable_learner_host_at_the_start_is_a_warning_that_says_whether_it_waits_as_a_spare(tmp_path,
+                                                                                                       monkeypatch,
+                                                                                                       capsys):
+    """Hosts that SSH cannot reach and that run only an elastic learner node do not stop the run: the warning says
+    the node joins the group once its host answers, or, a spare's, waits as the spare."""
+    from rlctl.launch import pipeline, preflight
+
+    text = HOSTS.replace('name = "h2"\n', 'name = "h5"\nlearner = true\n\n[[hosts]]\nname = "h2"\n')
+    text = text.replace('name = "h4"\n', 'name = "h4"\nlearner = true\nspare = true\n')
+    text = text.replace('collectors = 1\n', '')  # h4: the spare's learner node alone
+    spec = spec_of(tmp_path, text.replace("[logging]\n", "[topology]\nmin_learner_nodes = 1\n\n[logging]\n"))
+    plan = make_plan(spec, "v-1", str(tmp_path / "run"), 42000)
+    down = [preflight.HostProblem(h, f"host {h}: cannot connect over SSH", True) for h in ("h5", "h4")]
+    monkeypatch.setattr(preflight, "check_hosts", lambda spec, plan: down)
+    pipeline.preflight(spec, plan)
+    err = capsys.readouterr().err
+    assert "host h5: cannot connect over SSH; its learner node joins the learner group once it answers" in err, err
+    assert "host h4: cannot connect over SSH; its learner node waits as a spare once it answers" in err, err

@@ -126,8 +126,10 @@ def preflight(spec: JobSpec, plan: LaunchPlan) -> None:
     fatal = [p.text for p in problems if p not in waiting]
     if fatal:
         raise PreflightFailed(fatal, remote)
+    spares = {x.host for x in plan.processes if x.spare}
     for p in waiting:
-        print(f"rlctl: warning: {p.text}; its learner node joins the learner group once it answers", file=sys.stderr)
+        then = "waits as a spare" if p.host in spares else "joins the learner group"
+        print(f"rlctl: warning: {p.text}; its learner node {then} once it answers", file=sys.stderr)
     print(f"rlctl: {remote} remote hosts checked in {time.time() - started:.1f}s", file=sys.stderr)
 
 

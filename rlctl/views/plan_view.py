@@ -56,7 +56,7 @@ def process_table(p: LaunchPlan, width: int) -> "RenderableType":
     from rich.console import Group
     from rich.text import Text
 
-    rows = [[x.name, x.role, str(x.rank), x.host, threads_text(x), cores_text(x, p.hosts), ports_text(x),
+    rows = [[x.name, f"{x.role} (spare)" if x.spare else x.role, str(x.rank), x.host, threads_text(x), cores_text(x, p.hosts), ports_text(x),
              runs_text(x)] for x in p.processes]
     keep = [i for i, name in enumerate(PLAN_COLUMNS) if name != "cores" or any(r[i] for r in rows)]
     for name in [None, *PLAN_DROP]:
