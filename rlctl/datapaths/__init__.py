@@ -7,7 +7,8 @@ the collector's (and inference server's) sender and the message kind it sends. A
 (rlctl.algos) names its path; everything else calls the path instead of branching on its name.
 
 * `replay` (rlctl.datapaths.replay): collectors -> replay shards -> sampled batches, priorities back;
-* `rollouts` (rlctl.datapaths.rollouts): collector c -> learner rank c mod ranks, [T(+1), B] rollouts.
+* `rollouts` (rlctl.datapaths.rollouts): collector c -> learner rank c mod ranks, [T(+1), B] rollouts (in an
+  elastic world every collector -> rank 0, which deals them to the ranks present).
 
 Who may import this package: the job schema, the plan, the registry and the roles. This module and the two path
 modules are light (pydantic-free, no torch): the CLI path loads them. Runtime parts (sockets, torch) live in
