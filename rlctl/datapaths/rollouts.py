@@ -82,7 +82,7 @@ class RolloutPath(DataPath):
         rank in the round: rank 0 learns the others' from all of them and deals to those."""
         from rlctl.datapaths.rollout_source import RolloutSource
 
-        slot = sum(job.learner_node_procs[:rc.learner_node]) + rc.local_rank
+        slot = job.first_rank_of(rc.learner_node) + rc.local_rank
         dealt_to = None
         if job.elastic_learners and world > 1:
             import torch.distributed as dist

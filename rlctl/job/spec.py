@@ -615,6 +615,10 @@ class JobSpec(Section):
         head, *others = self.learner_node_procs
         return head + sum(sorted(others, reverse=True)[:self.max_learner_nodes - 1])
 
+    def first_rank_of(self, node: int) -> int:
+        """The plan's global rank of learner node `node`'s local rank 0 (ranks are numbered node after node)."""
+        return sum(self.learner_node_procs[:node])
+
     def learner_node_of(self, rank: int) -> int:
         """The learner node that runs global rank `rank` (torchrun numbers ranks node after node)."""
         first = 0

@@ -285,7 +285,7 @@ class ProcessBuilder:
             bind = self.net.bind(h)
             binds = {"weights": f"tcp://{bind}:{ports.weights}", "weights_bulk": f"tcp://{bind}:{ports.weights_bulk}",
                      "rendezvous": f"{bind}:{ports.rendezvous}"}
-            first = sum(node_procs[:node])
+            first = spec.first_rank_of(node)
             for rank in range(first, first + node_procs[node]):
                 binds.update(rank_binds.get(rank, {}))
             self.add(Role.LEARNER, node, h, ROLE_MODULES[Role.LEARNER], binds, argv)
