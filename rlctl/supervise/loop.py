@@ -72,6 +72,7 @@ class Supervisor:
         self.keys, self.process_keys = issue_keys(keys, plan.processes)
         hub = MetricsHub(spec.job.stop.train_return_window)
         self.table = ProcessTable(spec, plan, on_restart=hub.on_restart)
+        self.spares = [h for h in self.table.handles if h.spec.spare]  # released once the learner group forms
         self.router = ControlRouter(self.keys, str(plan.endpoints["control"]), spec, self.table.by_name,
                                     {"hello": self._on_hello, "heartbeat": self._on_heartbeat})
         self.sink = MetricsSink(spec, plan.run_id, rundir, hub, resumed, own_losses=self.router.losses)
@@ -147,8 +148,8 @@ class Supervisor:
                 self.log.write(line)
                 print(f"rlctl: {line}", file=sys.stderr, flush=True)
             self.table.check_hung(now)
-            if self.sink.hub.learner_worlds:
-                spares.release(self.table.handles, now)
+            if self.spares and self.sink.hub.learner_worlds:
+                spares.release(self.spares, now)
             for h in self.table.due(now):
                 self.starter.start(h)
             if now >= next_point:

@@ -22,7 +22,8 @@ def lifecycle(p: ProcessSpec, policy: RestartPolicy) -> Lifecycle:
 
 
 def release(handles: list[ProcessHandle], now: float) -> None:
-    """The learner group has formed: the held spares start now (ProcessTable.due), to wait in the rendezvous."""
+    """The learner group has formed: the held spares among `handles` start now (ProcessTable.due), to wait in the
+    rendezvous."""
     for h in handles:
         if h.life.note == HELD and h.life.state is ProcState.RESTARTING and h.life.start_at is None:
             h.life.start_at, h.life.note = now, WAITING
