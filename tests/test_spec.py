@@ -570,6 +570,20 @@ def test_resolved_dict_fills_defaults_and_drops_none():
     assert "max_episode_steps" not in data["env"]
 
 
+def test_inf_and_nan_in_env_kwargs_survive_the_job_written_back_and_compare_the_same():
+    # Found by test_fuzz_mutated_jobs: dumped as null, [inf] could not be written at all and a plain inf was dropped
+    # from job.toml, which remote hosts and a resumed run read.
+    from rlctl.launch.resume import changed_keys
+
+    data = copy.deepcopy(BASE_JOBS[0])
+    data["env"]["kwargs"] = {"bound": math.inf, "limits": [-math.inf, 1.0], "gap": math.nan}
+    spec = validate_job(data, "inf.toml")
+    again = validate_job(tomllib.loads(dumps_toml(resolved_dict(spec))), "job.toml")
+    kwargs = again.env.kwargs
+    assert kwargs["bound"] == math.inf and kwargs["limits"] == [-math.inf, 1.0] and math.isnan(kwargs["gap"])
+    assert changed_keys(resolved_dict(spec), resolved_dict(again)) == []
+
+
 @pytest.mark.parametrize("value", [
     "plain", "", "tab\there", "new\nline", "cr\rlf\r\n", "nul\x00", "esc\x1b[0m", "del\x7f", "\\", '"', "'''",
     "\u2028\u00e9\U0001f600", "\x08\x0c\x0b",

@@ -14,8 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 class Section(BaseModel):
     """Base of every job-file section: strict types, no unknown keys, no NaN/inf."""
 
+    # ser_json_inf_nan: free-form values (env and wrapper kwargs) may hold inf or nan, which TOML writes; dumped as
+    # null, a job written back (job.toml, what remote hosts run) lost them or could not be written at all.
     model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True, frozen=True
+        extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True, frozen=True,
+        ser_json_inf_nan="constants",
     )
 
 

@@ -42,7 +42,16 @@ def changed_keys(old: object, new: object, prefix: str = "") -> list[str]:
         for key in sorted(set(old) | set(new)):
             out += changed_keys(old.get(key), new.get(key), f"{prefix}{key}.")
         return out
-    return [] if old == new else [prefix.rstrip(".")]
+    return [] if _same(old, new) else [prefix.rstrip(".")]
+
+
+def _same(old: object, new: object) -> bool:
+    """Equal values, nan equal to nan (an env kwarg may be nan, and the same job must compare the same)."""
+    if isinstance(old, float) and isinstance(new, float) and old != old and new != new:
+        return True
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new))
+    return old == new
 
 
 def refused_changes(old: JobSpec, new: JobSpec) -> list[str]:
