@@ -22,6 +22,7 @@ from rlctl import events
 from rlctl.net import wire
 from rlctl.launch.hosts import pull_directory
 from rlctl.launch.remote import remote_checkpoint_dir
+from rlctl.checkpoint import load_checkpoint
 from rlctl.job.load import load_job
 from conftest import REPO, command_lines, only_run, read_state, run_cli, wait_for
 from jobfiles import shipped_job
@@ -329,6 +330,49 @@ def test_an_elastic_rollout_learner_goes_on_without_a_lost_host_and_takes_it_bac
     assert "learner-1 starts again on h2 and rejoins the learner group" in log, log
     status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
     assert re.search(r"learner world 2 -> 1 \(\S+\) -> 2 \(\S+\)", status), status
+
+
+def test_a_run_whose_head_host_is_lost_resumes_on_another_from_the_checkpoints_that_came_home(lab, tmp_path):
+    """PPO with its learner on h1, checkpointing every 2 s: the checkpoints come home while it runs (the status line
+    says when). h1 taken down for good (sshd and every process there SIGKILLed) ends the run; resumed with the
+    learner on h2, whose disk never held a checkpoint of the run, the supervisor first sends h2 the newest that came
+    home, and the learner continues from its update count, not from nothing, to the run's target."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    shape = dict(envs_per_collector="1", lr="4e-4", rollout_len="256")
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"collectors": 1}},
+                     name="ssh-head-moves", **shape)
+    job.write_text(job.read_text() + "\n[logging]\ncheckpoint_interval_s = 2.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h1 = runs / run_id, lab.hosts[0]
+    wait_for(lambda: (st := read_state(run_dir))["metrics"].get("learner/updates", 0) > 10
+             and (st.get("checkpoints_home") or {}).get("files"), 120, what="updates, and checkpoints home")
+    status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+    assert re.search(r"checkpoints home \d\d:\d\d:\d\d from h1 \(latest\.pt", status), status
+    lab.take_down(h1)
+    try:
+        state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("failed", "stopped") and st, 120,
+                         what="the run to end without its learner's host")
+        assert "learner-0" in state["exit_reason"], state["exit_reason"]
+        came = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["updates"]
+        assert came > 0
+        # The same job with its learner on h2, whose working directory has never held a checkpoint of the run.
+        moved = spread_job(lab, tmp_path, "ppo", {1: {"learner": True, "collectors": 2}}, name="ssh-head-moves", **shape)
+        moved.write_text(moved.read_text() + "\n[logging]\ncheckpoint_interval_s = 2.0\n")
+        assert not list((tmp_path / "host2").rglob("*.pt"))
+        proc = run_cli(["run", "--resume", run_id, "--job", str(moved), "--runs-dir", str(runs)], timeout=CAP_S + 60)
+        assert "resuming" in proc.stderr, proc.stderr
+    finally:
+        lab.bring_back(h1)
+    state = read_state(run_dir)
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert "checkpoints sent to h2: latest.pt" in log, log
+    resumed = [e for e in events.read(run_dir / "logs" / "learner-0.log") if e.name == "resumed"]
+    assert [e["update"] for e in resumed] == [came], resumed
+    assert "h2" in {p["host"] for p in state["processes"] if p["role"] == "learner"}
+    assert state["metrics"]["learner/updates"] > came
 
 
 def test_a_spare_learner_host_takes_a_lost_nodes_place_and_the_node_back_waits_as_the_spare(lab, tmp_path):

@@ -12,13 +12,12 @@ import io
 import json
 import shlex
 import subprocess
-import tarfile
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlctl.launch.remote import PULL_MANIFEST
+from rlctl.launch.remote import FileStreamError, keep_newer, read_file_stream, write_file_stream
 from rlctl.job.spec import HostSpec
 
 # Never placed on a command line: these reach remote processes through the SSH session's stdin.
@@ -228,9 +227,10 @@ def sweep_hosts(hosts: list[HostSpec], run_id: str, kill: bool = True, placed: b
 
 def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path,
                    attempts: int = PULL_ATTEMPTS) -> dict[str, list[str] | str]:
-    """Copy the files of `remote_dir` (relative to each host's workdir) into `local_dir`; host -> names or error.
-    A host whose transfer failed or came incomplete is asked again, up to `attempts` times in all (a Slurm step
-    can fail to start while the allocation changes; an SSH connection can drop)."""
+    """Copy the files of `remote_dir` (relative to each host's workdir) into `local_dir`, where newer than the copy
+    there; host -> the names that came, or an error. A host whose transfer failed or came incomplete is asked
+    again, up to `attempts` times in all (a Slurm step can fail to start while the allocation changes; an SSH
+    connection can drop)."""
     out: dict[str, list[str] | str] = {}
     left = list(hosts)
     for attempt in range(attempts):
@@ -239,7 +239,7 @@ def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path,
         for name, proc in on_hosts(left, ["pull", remote_dir], timeout=120).items():
             try:
                 out[name] = unpack_pulled(proc.stdout, local_dir) if proc.returncode == 0 else ssh_failure(proc)
-            except PullError as exc:
+            except FileStreamError as exc:
                 out[name] = str(exc)
         left = [h for h in left if isinstance(out[h.name], str)]
         if not left:
@@ -247,34 +247,51 @@ def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path,
     return out
 
 
-class PullError(Exception):
-    """A `pull` stream that is not a complete, well-formed copy of the remote folder."""
+def pull_newer(host: HostSpec, remote_dir: str, local_dir: Path, since: float,
+               timeout: float = 120.0) -> dict[str, float] | str:
+    """One try at the files of `remote_dir` on `host` modified after `since` (the host's clock), each written into
+    `local_dir` unless the copy there is as new: name -> modification time of what came, or an error."""
+    proc = on_hosts([host], ["pull", remote_dir, "--since", repr(since)], timeout=timeout)[host.name]
+    if proc.returncode != 0:
+        return ssh_failure(proc)
+    try:
+        files = read_file_stream(proc.stdout)
+    except FileStreamError as exc:
+        return str(exc)
+    keep_newer(files, local_dir)
+    return {name: mtime for name, (_, mtime) in files.items()}
 
 
 def unpack_pulled(data: bytes, local_dir: Path) -> list[str]:
-    """Write the files of a `python -m rlctl.launch.remote pull` stream into `local_dir`; their names. Plain files with
-    plain names only (nothing a stream says may land outside local_dir); every file its manifest lists must
-    arrive whole, or nothing is written."""
-    files: dict[str, bytes] = {}
-    manifest = None
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for member in tar:
-                if member.name == PULL_MANIFEST and manifest is None and member.isfile():
-                    manifest = json.loads(tar.extractfile(member).read())
-                elif member.isfile() and "/" not in member.name and not member.name.startswith("."):
-                    files[member.name] = tar.extractfile(member).read()
-    except (tarfile.TarError, OSError, ValueError) as exc:
-        raise PullError(f"unreadable transfer: {exc}") from None
-    expected = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(expected, dict):
-        raise PullError("transfer without its manifest")
-    got = {name: len(content) for name, content in files.items()}
-    if got != expected:
-        wrong = sorted(str(n) for n in set(expected) | set(got) if expected.get(n) != got.get(n))
-        raise PullError(f"incomplete transfer ({', '.join(wrong)})")
-    for name, content in files.items():
-        tmp = local_dir / f".{name}.pull"
-        tmp.write_bytes(content)
-        tmp.replace(local_dir / name)
+    """Write the files of a `python -m rlctl.launch.remote pull` stream into `local_dir` (each unless the copy there
+    is as new); the names that came. Every file its manifest lists must arrive whole, or nothing is written
+    (FileStreamError)."""
+    files = read_file_stream(data)
+    keep_newer(files, local_dir)
     return sorted(files)
+
+
+def push_directory(hosts: list[HostSpec], local_dir: Path, names: list[str], remote_dir: str,
+                   timeout: float = 120.0) -> dict[str, list[str] | str]:
+    """Send the files `names` of `local_dir` to `remote_dir` on every host at once, each written there unless the
+    host's copy is as new; host -> the names written, or an error."""
+    buffer = io.BytesIO()
+    write_file_stream(buffer, [local_dir / name for name in names])
+    stream = buffer.getvalue()
+
+    def one(h: HostSpec) -> list[str] | str:
+        argv = launcher_for(h).helper_argv(h, "push", remote_dir)
+        try:
+            proc = subprocess.run(argv, input=stream, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"no answer within {timeout:g}s"
+        answer = last_json_line(proc.stdout) if proc.returncode == 0 else None
+        written = answer.get("written") if answer else None
+        if not isinstance(written, list):
+            return ssh_failure(proc)
+        return [str(n) for n in written]
+
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        return dict(zip([h.name for h in hosts], pool.map(one, hosts)))

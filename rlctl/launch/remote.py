@@ -6,8 +6,8 @@ a command line; starts the role in its own process group with stdout going
 straight back over the session; then obeys `TERM`/`KILL` lines on stdin, and
 ends the group when stdin closes (the session, or the supervisor, is gone).
 `check` reports what the launcher's preflight needs, `sweep` finds (and ends)
-whatever of a run is left on the host, and `pull` streams a directory back as
-tar. Imports nothing heavy: it must answer in well under a second.
+whatever of a run is left on the host, `pull` streams a directory back as
+tar and `push` writes one sent. Imports nothing heavy: it must answer in well under a second.
 """
 
 from __future__ import annotations
@@ -270,31 +270,114 @@ def command_sweep(run_id: str, kill: bool, host: str = "") -> int:
     return 0
 
 
-# The first member of every `pull` stream: each file's name and size, so the receiver can tell a complete
-# transfer from one that lost its tail on the way (a tar reader stops quietly at a broken header).
+# The first member of every file stream (`pull`'s output, `push`'s input): each file's name, size and modification
+# time, so the receiver can tell a complete transfer from one that lost its tail on the way (a tar reader stops
+# quietly at a broken header), and a newer copy from an older one.
 PULL_MANIFEST = ".manifest.json"
 
 
-def command_pull(directory: str) -> int:
-    """Stream the regular files directly in `directory` to stdout as an uncompressed tar, a manifest first."""
-    root = Path(directory)
-    files = [p for p in (sorted(root.iterdir()) if root.is_dir() else []) if p.is_file() and not p.name.startswith(".")]
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+class FileStreamError(Exception):
+    """A file stream that is not a complete, well-formed copy of a folder's files."""
+
+
+def folder_files(root: Path) -> list[Path]:
+    """The regular files directly in `root` (hidden files, a writer's temporaries, left out); none if it is not a
+    folder."""
+    return [p for p in (sorted(root.iterdir()) if root.is_dir() else []) if p.is_file() and not p.name.startswith(".")]
+
+
+def write_file_stream(out, files: list[Path], since: float = -1.0) -> None:
+    """Write those of `files` modified after `since` to `out` as an uncompressed tar, a manifest first."""
+    with tarfile.open(fileobj=out, mode="w|") as tar:
         opened = [(p, open(p, "rb")) for p in files]  # open first: a file replaced meanwhile keeps these bytes
         try:
             stats = [os.fstat(f.fileno()) for _, f in opened]
-            manifest = json.dumps({"files": {p.name: st.st_size for (p, _), st in zip(opened, stats)}}).encode()
+            chosen = [(p, f, st) for (p, f), st in zip(opened, stats) if st.st_mtime > since]
+            manifest = json.dumps({"files": {p.name: st.st_size for p, _, st in chosen},
+                                   "mtimes": {p.name: st.st_mtime for p, _, st in chosen}}).encode()
             info = tarfile.TarInfo(PULL_MANIFEST)
             info.size = len(manifest)
             tar.addfile(info, io.BytesIO(manifest))
-            for (p, f), st in zip(opened, stats):
+            for p, f, st in chosen:
                 info = tarfile.TarInfo(p.name)
                 info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o600
                 tar.addfile(info, f)
         finally:
             for _, f in opened:
                 f.close()
+
+
+def read_file_stream(data: bytes) -> dict[str, tuple[bytes, float]]:
+    """The files of a stream `write_file_stream` wrote: name -> (content, modification time). Plain names only
+    (nothing a stream says may land outside the folder it is written to); FileStreamError unless every file its
+    manifest lists arrived whole."""
+    files: dict[str, bytes] = {}
+    manifest = None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for member in tar:
+                if member.name == PULL_MANIFEST and manifest is None and member.isfile():
+                    manifest = json.loads(tar.extractfile(member).read())
+                elif member.isfile() and "/" not in member.name and not member.name.startswith("."):
+                    files[member.name] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, ValueError) as exc:
+        raise FileStreamError(f"unreadable transfer: {exc}") from None
+    expected = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(expected, dict):
+        raise FileStreamError("transfer without its manifest")
+    got = {name: len(content) for name, content in files.items()}
+    if got != expected:
+        wrong = sorted(str(n) for n in set(expected) | set(got) if expected.get(n) != got.get(n))
+        raise FileStreamError(f"incomplete transfer ({', '.join(wrong)})")
+    mtimes = manifest.get("mtimes") if isinstance(manifest.get("mtimes"), dict) else {}
+    return {name: (content, _mtime(mtimes.get(name))) for name, content in files.items()}
+
+
+def _mtime(value: object) -> float:
+    """A manifest's modification time; 0 (older than any file) for a stream without one (an older rlctl's)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+def keep_newer(files: dict[str, tuple[bytes, float]], directory: Path) -> list[str]:
+    """Write each file into `directory` (whole or not at all) unless the one there is as new; it keeps its
+    modification time, so the next comparison, here or where it is sent on, compares the writer's clock alone.
+    The names written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (content, mtime) in sorted(files.items()):
+        target = directory / name
+        try:
+            if target.stat().st_mtime >= mtime and mtime > 0:
+                continue
+        except FileNotFoundError:
+            pass
+        tmp = directory / f".{name}.pull"
+        tmp.write_bytes(content)
+        if mtime > 0:
+            os.utime(tmp, (mtime, mtime))
+        tmp.replace(target)
+        written.append(name)
+    return written
+
+
+def command_pull(directory: str, since: float = -1.0) -> int:
+    """Stream the regular files directly in `directory` (those modified after `since`) to stdout as a file
+    stream."""
+    write_file_stream(sys.stdout.buffer, folder_files(Path(directory)), since)
     sys.stdout.buffer.flush()
+    return 0
+
+
+def command_push(directory: str) -> int:
+    """Write a file stream from stdin into `directory`, keeping any file there that is as new; print which were
+    written."""
+    os.umask(0o077)  # a run's files on this host: folders 0700, files 0600
+    try:
+        written = keep_newer(read_file_stream(sys.stdin.buffer.read()), Path(directory))
+    except (FileStreamError, OSError) as exc:
+        print(f"push into {directory}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"written": written}))
     return 0
 
 
@@ -314,6 +397,9 @@ def main(args: list[str] | None = None) -> int:
     p_sweep.add_argument("--host", default="", help="only the processes the plan placed on this host (RLCTL_HOST)")
     p_pull = sub.add_parser("pull", help="write a directory's files to stdout as tar")
     p_pull.add_argument("directory")
+    p_pull.add_argument("--since", type=float, default=-1.0, help="only files modified after this (epoch seconds)")
+    p_push = sub.add_parser("push", help="write the files of a tar on stdin into a directory, unless as new there")
+    p_push.add_argument("directory")
     ns = parser.parse_args(args)
     if ns.command == "run":
         os.umask(0o077)  # the run's files on this host (.rlctl/runs/<run>): folders 0700, files 0600
@@ -329,7 +415,9 @@ def main(args: list[str] | None = None) -> int:
         return command_check([int(p) for p in ns.ports.split(",") if p], ns.bind, ns.private_dir)
     if ns.command == "sweep":
         return command_sweep(ns.run_id, ns.kill, ns.host)
-    return command_pull(ns.directory)
+    if ns.command == "push":
+        return command_push(ns.directory)
+    return command_pull(ns.directory, ns.since)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from rlctl.durable import remove_temporaries
 from rlctl.metrics import MetricsHub
 from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
+from rlctl.supervise.checkpoint_mirror import CheckpointMirror
 from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise import spares
 from rlctl.supervise.preemption import Preemption
@@ -80,7 +81,9 @@ class Supervisor:
         # A Slurm allocation ending under the run (time limit, preemption): rlctl.supervise.preemption.
         self.preemption = Preemption(self.table.slurm_job, batch, spec.cluster.requeue,
                                      (resumed or {}).get("preemptions"))
-        self.run_state.annotations = self.preemption.document
+        # Checkpoints of SSH hosts, home as they are written; sent to the hosts that read them at the start.
+        self.mirror = CheckpointMirror(spec, plan.run_id, rundir.checkpoints_dir)
+        self.run_state.annotations = lambda: {**self.preemption.document(), **self.mirror.document()}
         self.starter = ProcessStarter(spec, plan, rundir, self.process_keys, self.table.slurm_job)
         self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
@@ -125,6 +128,8 @@ class Supervisor:
         # W&B's start-up (its service process) takes seconds: paid before any process runs, not in the middle
         # of the run, where it held up reading heartbeats and the stop rules (a 40k-step stop ended at 59k).
         self.sink.open_wandb()
+        if self.mirror.hosts:
+            self.mirror.seed(self.plan.processes, self._say)
         self.starter.open_forkserver(self.table.handles)
         self.starter.start_all(self.table.handles, stopping=lambda: self.stop_signals > 0,
                                meanwhile=lambda: self._keep_in_touch(20))
@@ -145,13 +150,14 @@ class Supervisor:
                 return
             now = time.time()
             for line in self.table.check_hosts(now):  # before check_hung: a whole host's silence is the host's
-                self.log.write(line)
-                print(f"rlctl: {line}", file=sys.stderr, flush=True)
+                self._say(line)
             self.table.check_hung(now)
             if self.spares and self.sink.hub.learner_worlds:
                 spares.release(self.spares, now)
             for h in self.table.due(now):
                 self.starter.start(h)
+            if self.mirror.due(now):
+                self.mirror.pull(now, [h.spec for h in self.table.handles], self.table.watch.lost)
             if now >= next_point:
                 next_point = now + self.spec.logging.metrics_interval_s
                 self.sink.write_point()
@@ -163,6 +169,11 @@ class Supervisor:
             if met:
                 self.run_state.end(RunEnd(RunStatus.FINISHED, met.reason, stopped_by=met.record()))
                 return
+
+    def _say(self, line: str) -> None:
+        """A line of the supervisor's log, shown on stderr too."""
+        self.log.write(line)
+        print(f"rlctl: {line}", file=sys.stderr, flush=True)
 
     def _keep_in_touch(self, drain_ms: int) -> None:
         """Ping the remote sessions that are due, and handle the control messages that arrive within drain_ms."""
@@ -260,6 +271,7 @@ class Supervisor:
         self.table.reap_all()
         self.router.drain(0)
         remove_weight_board(self.plan.to_dict())
+        self.mirror.close()  # a pull under way ends before the last fetch
         if self.remote_hosts and not self.preemption.job_ending:  # an ending job starts no step to fetch with
             self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts,
                                                           [h.spec for h in self.table.handles])

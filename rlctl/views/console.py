@@ -355,7 +355,27 @@ def header_lines(state: dict, now: float | None = None, width: int | None = None
     worlds = world_text(state)
     if worlds:
         lines.append(worlds)
+    home = checkpoints_home_text(state)
+    if home:
+        lines.append(home)
     return lines
+
+
+def checkpoints_home_text(state: dict) -> str | None:
+    """When the checkpoints of SSH hosts last came home, and hosts whose last try failed: "checkpoints home 10:02:03
+    from h1 (latest.pt) | not from h2: ssh: connect ... timed out"; None for a run that has none there."""
+    record = state.get("checkpoints_home")
+    if not isinstance(record, dict):
+        return None
+    parts = []
+    if isinstance(record.get("at"), (int, float)):
+        files = record.get("files") if isinstance(record.get("files"), list) else []
+        parts.append(f"checkpoints home {_local_time(record['at'])[-8:]} from {record.get('host')}"
+                     + (f" ({', '.join(map(str, files))})" if files else ""))
+    errors = record.get("errors") if isinstance(record.get("errors"), dict) else {}
+    parts += [f"checkpoints not from {host}: {str(why).splitlines()[0][:80] if why else '?'}"
+              for host, why in sorted(errors.items())]
+    return " | ".join(parts) or None
 
 
 def world_text(state: dict) -> str | None:
