@@ -26,6 +26,12 @@ on h1 and h2, h2 taken down (sshd and every process there SIGKILLed) -> the head
 world left (its `first_update`), the updates it lost (its last before the break minus the checkpoint it went on from),
 and h2's sshd back -> the heartbeat that reports a world of 2 again.
 
+Then, `--head-loss-rounds` times, the same job with checkpoints every 10 s and the head's host taken down -> the first
+update of the head on the other learner host, in the run's next segment (the supervisor ends the segment once ssh
+cannot reach the head through its restarts), the updates lost (the most reported before the loss minus the
+checkpoint the new head went on from), and the lost host's sshd back -> a world of 2 again. The head moves between
+h1 and h2, a segment each round.
+
 Then, on a test Slurm cluster (tests/slurmlab.py: three nodes; needs root and slurm-wlm, else skipped),
 `--preempt-rounds` times: an `rlctl run --sbatch` of jobs/apex-slurm.toml requeued mid-run by `scontrol requeue` ->
 its first update in the next allocation (the lab lets a requeued job start again after 10 s; Slurm's default is
@@ -34,7 +40,8 @@ transitions that did not come back (the shard's snapshot written at the preempti
 
 Last line: {"bench": "faults", "collector_recover_s": ..., "learner_recover_s": ..., "resume_first_update_s": ...,
 "host_loss_to_step_s": ..., "learner_node_loss_to_update_s": ...,
-"learner_node_rejoin_s": ..., "learner_node_updates_lost": ..., "preempt_to_update_s": ..., "preempt_updates_lost": ..., "preempt_replay_lost": ...}
+"learner_node_rejoin_s": ..., "learner_node_updates_lost": ..., "head_loss_to_update_s": ...,
+"head_loss_updates_lost": ..., "head_loss_rejoin_s": ..., "preempt_to_update_s": ..., "preempt_updates_lost": ..., "preempt_replay_lost": ...}
 """
 
 from __future__ import annotations
@@ -244,6 +251,44 @@ def learner_node_loss(rounds: int, algo: str = "apex") -> list[tuple[float, floa
         return out
 
 
+HEAD_CHECKPOINT_S = 10.0  # logging.checkpoint_interval_s of the head-loss rounds: what a lost head may cost
+
+
+def head_loss(rounds: int, algo: str = "apex") -> list[tuple[float, int, float]] | None:
+    """Per round: seconds from the head's host taken down (sshd and every process there SIGKILLed) to the first update
+    of the head on the other learner host, in the run's next segment; the updates lost (the most the supervisor heard
+    of before the loss minus the checkpoint the new head went on from); and seconds from the lost host's sshd back to
+    a world of 2 again. The head moves back and forth between h1 and h2, a segment each round. None without the lab."""
+    def job(lab, workdir: Path) -> str:
+        return learner_node_job(lab, workdir, algo) + f"\n[logging]\ncheckpoint_interval_s = {HEAD_CHECKPOINT_S}\n"
+
+    with lab_run(f"{algo} head loss", job) as ran:
+        if ran is None:
+            return None
+        lab, run_dir = ran
+        out = []
+        warm = 500 if algo == "apex" else 50
+        for _ in range(rounds):
+            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, warm), 180,
+                 "a world of 2 learning")
+            head, segments = row(run_dir, "learner-0")["host"], len(state(run_dir).get("segments", []))
+            before = state(run_dir)["metrics"]["learner/updates"]
+            t0 = time.time()
+            lab.take_down(lab.hosts[int(head[1:]) - 1])
+            t1 = wait(lambda: len(state(run_dir).get("segments", [])) > segments
+                      and first_event_after(run_dir, "learner-0", "first_update", t0), 180, "the head elsewhere")
+            resumed = events.first(run_dir / "logs" / "learner-0.log", "resumed", after=t0)["update"]
+            lab.bring_back(lab.hosts[int(head[1:]) - 1])
+            t2 = time.time()
+            t3 = wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and worlds(run_dir)[-1][0] > t2, 180,
+                      "a world of 2 again")
+            out.append((t1 - t0, before - resumed, t3 - t2))
+            print(f"{algo}: head's host {head} taken down: the first update of the head on "
+                  f"{row(run_dir, 'learner-0')['host']} after {t1 - t0:.1f} s ({before - resumed} updates lost, "
+                  f"checkpoints every {HEAD_CHECKPOINT_S:g} s); sshd back: a world of 2 after {t3 - t2:.1f} s", flush=True)
+        return out
+
+
 def last_event(log: Path, name: str, after: float, before: float):
     """The last `name` event in `log` stamped between `after` and `before` (None if there is none)."""
     found = [e for e in events.read(log) if e.name == name and after < (e.ts or 0) < before]
@@ -352,11 +397,13 @@ def main() -> None:
     ap.add_argument("--learner-node-rounds", type=int, default=2, help="elastic learner rounds over SSH test hosts")
     ap.add_argument("--learner-node-algo", choices=("apex", "ppo"), default="apex",
                     help="the elastic learner rounds' job: jobs/apex.toml, or jobs/ppo.toml (rank 0 deals rollouts)")
+    ap.add_argument("--head-loss-rounds", type=int, default=2, help="elastic head host losses over SSH test hosts")
     ap.add_argument("--preempt-rounds", type=int, default=2, help="rounds on a test Slurm cluster (0: none)")
     args = ap.parse_args()
     out = local_faults(args.rounds)
     hosts = host_loss(args.host_loss_rounds) if args.host_loss_rounds > 0 else None
     nodes = learner_node_loss(args.learner_node_rounds, args.learner_node_algo) if args.learner_node_rounds > 0 else None
+    heads = head_loss(args.head_loss_rounds, args.learner_node_algo) if args.head_loss_rounds > 0 else None
     preempts = preemption(args.preempt_rounds) if args.preempt_rounds > 0 else None
     result = {"bench": "faults", "rounds": args.rounds,
               "collector_recover_s": median(out["collector"]),
@@ -369,19 +416,25 @@ def main() -> None:
               "learner_node_loss_to_update_s": median(t for t, _, _ in nodes or []),
               "learner_node_rejoin_s": median(r for _, r, _ in nodes or []),
               "learner_node_updates_lost": max(u for _, _, u in nodes) if nodes else None,
+              "head_loss_to_update_s": median(t for t, _, _ in heads or []),
+              "head_loss_updates_lost": max(u for _, u, _ in heads) if heads else None,
+              "head_loss_rejoin_s": median(r for _, _, r in heads or []),
               "preempt_to_update_s": median(t for t, _, _ in preempts or []),
               "preempt_updates_lost": max(u for _, u, _ in preempts) if preempts else None,
               "preempt_replay_lost": max(r for _, _, r in preempts) if preempts else None,
               "all_s": {**{k: [round(x, 3) for x in v] for k, v in out.items()},
                         "host_loss": [round(t, 3) for t, _ in hosts or []],
                         "learner_node_loss": [round(t, 3) for t, _, _ in nodes or []],
+                        "head_loss": [round(t, 3) for t, _, _ in heads or []],
                         "preempt": [round(t, 3) for t, _, _ in preempts or []]}}
     print(f"median seconds: collector kill -> first batch {result['collector_recover_s']}, learner kill -> first "
           f"update {result['learner_recover_s']}, --resume -> first update {result['resume_first_update_s']}, "
           f"collector host cut off -> its collectors stepping elsewhere {result['host_loss_to_step_s']} "
           f"(heartbeat_timeout_s = {HOST_LOSS_HEARTBEAT_S:g}), learner node's host lost -> the head's next update "
           f"{result['learner_node_loss_to_update_s']} (updates lost {result['learner_node_updates_lost']}; back -> "
-          f"world of 2 {result['learner_node_rejoin_s']}), Slurm requeue -> first update in the next allocation "
+          f"world of 2 {result['learner_node_rejoin_s']}), head's host lost -> the new head's first update "
+          f"{result['head_loss_to_update_s']} (updates lost {result['head_loss_updates_lost']}, checkpoints every "
+          f"{HEAD_CHECKPOINT_S:g} s; back -> world of 2 {result['head_loss_rejoin_s']}), Slurm requeue -> first update in the next allocation "
           f"{result['preempt_to_update_s']} (updates lost {result['preempt_updates_lost']}, replay transitions lost "
           f"{result['preempt_replay_lost']})")
     print(json.dumps(result))

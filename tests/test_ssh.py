@@ -375,6 +375,52 @@ def test_a_run_whose_head_host_is_lost_resumes_on_another_from_the_checkpoints_t
     assert state["metrics"]["learner/updates"] > came
 
 
+def test_an_elastic_run_whose_head_host_is_lost_goes_on_with_its_head_on_the_other_learner_host(lab, tmp_path):
+    """PPO with `topology.min_learner_nodes = 1` over learner hosts h1 (the head) and h2, checkpointing every 2 s. h1
+    taken down for good (sshd and every process there SIGKILLed): once ssh cannot reach it through the head's
+    restarts, the supervisor ends the segment and, in the same process, starts the next with the head on h2 (h1's
+    collector there too), which continues from the newest checkpoint that came home; h1 back, its node joins the
+    group (world 2), and the run reaches its target with both ranks' parameters equal."""
+    if not lab.netns:
+        pytest.skip("losing a host needs network namespaces")
+    job = spread_job(lab, tmp_path, "ppo", {0: {"learner": True, "collectors": 1}, 1: {"learner": True, "collectors": 1}},
+                     name="ssh-head-lost", envs_per_collector="1", lr="4e-4", rollout_len="256")
+    job.write_text(job.read_text().replace("[topology]\n", "[topology]\nmin_learner_nodes = 1\n")
+                   + "\n[logging]\nheartbeat_timeout_s = 15.0\ncheckpoint_interval_s = 2.0\n")
+    runs = tmp_path / "runs"
+    run_id = run_cli(["run", str(job), "--detach", "--runs-dir", str(runs)]).stdout.strip()
+    run_dir, h1 = runs / run_id, lab.hosts[0]
+    wait_for(lambda: (st := read_state(run_dir))["metrics"].get("learner/updates", 0) > 10
+             and (st.get("checkpoints_home") or {}).get("files"), 120, what="updates, and checkpoints home")
+    lab.take_down(h1)
+    lost_at = time.time()
+    try:
+        head = lambda: next((p for p in read_state(run_dir).get("processes", []) if p["name"] == "learner-0"), {})  # noqa: E731
+        wait_for(lambda: len(read_state(run_dir).get("segments", [])) == 2 and head().get("host") == "h2"
+                 and head().get("state") == "running", 120, what="a second segment with its head on h2")
+        resumed = [e for e in events.read(run_dir / "logs" / "learner-0.log") if e.name == "resumed"]
+        assert resumed and resumed[-1]["update"] > 0, resumed  # from the checkpoint that came home
+        print(f"head on h2 running {time.time() - lost_at:.1f} s after h1 went down, from update "
+              f"{resumed[-1]['update']}")
+    finally:
+        lab.bring_back(h1)
+    worlds = lambda: [w for _, w in read_state(run_dir).get("learner_worlds", [])]  # noqa: E731
+    wait_for(lambda: worlds()[-1:] == [2], 120, what="h1's node back in a world of 2")
+    state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("finished", "failed", "stopped") and st,
+                     CAP_S, what="the run to end")
+    assert state["status"] == "finished" and state["stopped_by"]["criterion"] == "train_return", state["exit_reason"]
+    procs = {p["name"]: p for p in state["processes"]}
+    assert procs["learner-0"]["host"] == "h2" and procs["learner-1"]["host"] == "h1"
+    assert sorted(p["host"] for p in procs.values() if p["role"] == "collector") == ["h2", "h2"]
+    r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
+    assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/world"] == 2
+    log = (run_dir / "logs" / "supervisor.log").read_text()
+    assert "head host h1 lost: ssh could not reach it through learner-0's restarts" in log, log
+    assert "checkpoints sent to h2: latest.pt" in log, log
+    first = re.search(r'\[\[hosts\]\]\nname = "(\w+)"', (run_dir / "job.toml").read_text())
+    assert first and first.group(1) == "h2"  # the job it went on with: its head first
+
+
 def test_a_spare_learner_host_takes_a_lost_nodes_place_and_the_node_back_waits_as_the_spare(lab, tmp_path):
     """PPO over learner hosts h1 and h2 with h4 a spare (`spare = true`): torchrun's group holds two nodes, so h4's
     node, started once the group has formed, waits in the rendezvous. h2 taken down (sshd and every process there

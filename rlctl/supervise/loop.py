@@ -24,6 +24,7 @@ from rlctl.metrics import MetricsHub
 from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.checkpoint_mirror import CheckpointMirror
+from rlctl.supervise.head_failover import prepare_next_segment
 from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise import spares
 from rlctl.supervise.preemption import Preemption
@@ -88,6 +89,7 @@ class Supervisor:
         self.log = SupervisorLog(rundir)
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.stop_signals = 0
+        self.head_lost: str | None = None  # an elastic run's head host, lost: the run goes on in a next segment
         self.shutting_down = False
         self.forced = False  # processes are SIGKILLed now, not after the grace
 
@@ -145,6 +147,12 @@ class Supervisor:
         while not self.stop_signals:
             self._listen_until(time.monotonic() + PASS_INTERVAL_S)
             ending = self.table.reap() or self.table.log_failure()
+            if ending is not None and ending.head_lost:
+                # Stopped like a run told to stop; supervise_rundir starts the next segment, its head elsewhere.
+                self.head_lost, self.run_state.exit_reason = ending.head_lost, ending.reason
+                self._say(f"{ending.reason}: this segment stops, and the run goes on with its learner head on "
+                          "another host")
+                return
             if ending is not None:
                 self.run_state.end(ending)
                 return
@@ -284,9 +292,21 @@ class Supervisor:
 
 
 def supervise_rundir(path: str, display=None) -> int:
-    """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`."""
+    """Run the job stored in a prepared run directory (job.toml + plan.json); used by `run` and `run --detach`. An
+    elastic run whose head host was lost goes on in a next segment, its head on another learner host."""
     os.umask(0o077)  # everything the run writes, here and in the processes it starts: folders 0700, files 0600
     rundir = RunDir(Path(path))
+    while True:
+        supervisor = prepared_supervisor(rundir, display)
+        code = supervisor.run()
+        if supervisor.head_lost is None or supervisor.stop_signals:
+            return code
+        if prepare_next_segment(rundir, supervisor.spec, supervisor.head_lost) is not None:
+            return 1
+
+
+def prepared_supervisor(rundir: RunDir, display=None) -> Supervisor:
+    """The supervisor of the segment a run directory holds ready (its job, plan and first state)."""
     spec = with_host_secrets(load_job(rundir.job_toml), rundir.read_secrets())
     saved = rundir.read_plan() or {}
     # The addresses `rlctl run` resolved for the hosts are part of the saved plan: the same plan is rendered again.
@@ -298,7 +318,7 @@ def supervise_rundir(path: str, display=None) -> int:
     first = rundir.read_state() or {}
     resumed = first.get("resumed")  # `rlctl run --resume` (or a requeued batch job) left what to continue from
     return Supervisor(spec, plan, rundir, wire.CurveKeys.generate(), display,
-                      resumed if isinstance(resumed, dict) else None, batch=first.get("slurm_batch") is True).run()
+                      resumed if isinstance(resumed, dict) else None, batch=first.get("slurm_batch") is True)
 
 
 if __name__ == "__main__":

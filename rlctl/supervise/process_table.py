@@ -258,6 +258,27 @@ def host_bound(h: ProcessHandle) -> bool:
     return h.spec.role == Role.RELAY or (h.spec.role == Role.LEARNER and not h.spec.critical)
 
 
+def head_host_gone(h: ProcessHandle, spec: JobSpec, slurm_job: int | None) -> bool:
+    """An elastic world's head, out of restarts, whose SSH host did not answer the last: its host is lost (the run
+    goes on in a next segment with its head elsewhere, rlctl.supervise.head_failover)."""
+    return (spec.elastic_learners and h.spec.role == Role.LEARNER and h.spec.critical and h.spec.remote
+            and slurm_job is None and h.last_exit == SSH_FAILED)
+
+
+def can_lose(h: ProcessHandle, handles: list[ProcessHandle], spec: JobSpec) -> bool:
+    """Given up, not the run: a collector on a host SSH no longer reaches while other collectors remain (synchronous
+    PPO needs each one's rollout every round), a relay or the evaluator there (its restarts run out in seconds; it
+    moves once the host is lost), and an elastic world's learner node (not the head's) whatever ended it."""
+    if h.spec.role in (Role.RELAY, Role.EVALUATOR):
+        return h.spec.remote and h.last_exit == SSH_FAILED
+    if h.spec.role == Role.LEARNER:
+        return not h.spec.critical  # a node of an elastic world: the others go on without it
+    others = [o for o in handles if o.spec.role == Role.COLLECTOR and o is not h]
+    return (h.spec.role == Role.COLLECTOR and h.spec.remote and h.last_exit == SSH_FAILED
+            and not spec.algorithm_entry.synchronous
+            and any(o.life.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
+
+
 def lose_with_host(bound: list[ProcessHandle]) -> None:
     """The host-bound processes of a lost host: their sessions cut, and lost with it."""
     for h in bound:
@@ -349,13 +370,18 @@ class ProcessTable:
             if h.spec.critical:
                 restart_learner_nodes(self.handles, h, now)
             return None
-        if self._can_lose(h):
+        if can_lose(h, self.handles, self.spec):
             h.life.lose()
             h.metrics = {}
             h.rate_samples.clear()
             if h.spec.role == Role.LEARNER and h.last_exit == SSH_FAILED:
                 self._lose_unreachable(h.spec.host, now)
             return None
+        if head_host_gone(h, self.spec, self.slurm_job):
+            h.life.lose()
+            h.metrics = {}
+            return RunEnd(RunStatus.STOPPED, f"head host {h.spec.host} lost: ssh could not reach it through "
+                          f"{h.spec.name}'s restarts", head_lost=h.spec.host)
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
         return RunEnd(RunStatus.FAILED, f"{h.spec.name} exited with code {code} ({why})", h.failure_record())
@@ -431,19 +457,6 @@ class ProcessTable:
             self.lost_nodes.add(host)
             loss = self.watch.lose(host, now, now - self.watch.last_heard.get(host, now), unreachable=True)
             self.said.append(loss.lost_line(host, now))
-
-    def _can_lose(self, h: ProcessHandle) -> bool:
-        """Given up, not the run: a collector on a host SSH no longer reaches while other collectors remain (synchronous
-        PPO needs each one's rollout every round), a relay or the evaluator there (its restarts run out in seconds; it
-        moves once the host is lost), and an elastic world's learner node (not the head's) whatever ended it."""
-        if h.spec.role in (Role.RELAY, Role.EVALUATOR):
-            return h.spec.remote and h.last_exit == SSH_FAILED
-        if h.spec.role == Role.LEARNER:
-            return not h.spec.critical  # a node of an elastic world: the others go on without it
-        others = [o for o in self.handles if o.spec.role == Role.COLLECTOR and o is not h]
-        return (h.spec.role == Role.COLLECTOR and h.spec.remote and h.last_exit == SSH_FAILED
-                and not self.spec.algorithm_entry.synchronous
-                and any(o.life.state not in (ProcState.FAILED, ProcState.LOST) for o in others))
 
     def due(self, now: float) -> list[ProcessHandle]:
         """The restarts whose backoff has passed, each now starting: the caller starts them."""

@@ -70,6 +70,7 @@ class RunEnd:
     reason: str
     failure: dict | None = None
     stopped_by: dict | None = None  # the [job.stop] criterion met, with its figures (StopProgress.record)
+    head_lost: str | None = None  # an elastic run's head host, lost: the run goes on in a next segment
 
 
 def process_row(h: ProcessHandle) -> dict:

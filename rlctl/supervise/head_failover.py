@@ -1,0 +1,38 @@
+"""The segment after an elastic run's head host was lost: prepared in the same supervisor process, at once.
+
+The supervisor ends the segment whose head's host SSH could not reach through the learner's restarts (its processes
+stopped, its checkpoints home), and this prepares the next as `rlctl run --resume RUN --job FILE` would, with the job
+rlctl.job.head_move renders: the same run directory, its counters and segments carried on, and a start that sends
+the new head the newest checkpoint that came home. What cannot go on fails the run, with the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rlctl.rundir import RunDir
+from rlctl.run_status import RunStatus
+from rlctl.job.spec import JobSpec
+
+
+def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str) -> str | None:
+    """Write the run directory's next segment (job, plan, state "created") with the learner head off `lost`; None
+    once it is ready, else why the run cannot go on (recorded: the run failed)."""
+    from rlctl.job.load import JobFileError
+    from rlctl.job.head_move import HeadNotMovable, head_moved
+    from rlctl.launch.pipeline import LaunchInput, LaunchRefused, PreflightFailed, prepare
+    from rlctl.launch.resume import ResumeRefused, previous_segment
+
+    try:
+        moved = head_moved(spec, lost)
+        prepare(LaunchInput(moved, rundir, previous_segment(rundir)))
+    except (HeadNotMovable, JobFileError, LaunchRefused, PreflightFailed, ResumeRefused) as exc:
+        why = str(exc) if not isinstance(exc, JobFileError) else exc.render()
+        state = rundir.read_state() or {}
+        rundir.write_state({**state, "status": RunStatus.FAILED,
+                            "exit_reason": f"{state.get('exit_reason')}; the run cannot go on without it: {why}"})
+        print(f"rlctl: the run cannot go on without {lost}: {why}", file=sys.stderr, flush=True)
+        return why
+    head = next(h.name for h in moved.hosts if h.learner)
+    print(f"rlctl: the run goes on with its learner head on {head}", file=sys.stderr, flush=True)
+    return None

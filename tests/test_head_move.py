@@ -1,0 +1,76 @@
+"""The job an elastic run goes on with once its head's host is lost (rlctl.job.head_move): the next learner host
+heads it with what the lost host ran, the lost host last as a learner node alone; jobs that cannot are refused with
+the reason. Over real SSH hosts: tests/test_ssh.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlctl.job.head_move import HeadNotMovable, head_moved
+from rlctl.launch.plan import make_plan
+from rlctl.launch.preflight import joins_later
+from test_host_loss import spec_of
+
+ELASTIC = '''
+[job]
+name = "heads"
+
+[env]
+id = "CartPole-v1"
+
+[algorithm]
+name = "apex"
+
+[topology]
+min_learner_nodes = 1
+
+[[hosts]]
+name = "h1"
+learner = true
+replay_shards = 1
+evaluator = true
+collectors = 1
+env = { TOKEN = "secret" }
+
+[[hosts]]
+name = "h2"
+collectors = 2
+
+[[hosts]]
+name = "h3"
+learner = true
+collectors = 1
+
+[[hosts]]
+name = "h4"
+learner = true
+spare = true
+'''
+
+
+def rows(spec) -> list[tuple]:
+    return [(h.name, h.learner, h.spare, h.collectors, h.replay_shards, h.evaluator) for h in spec.hosts]
+
+
+def test_the_next_learner_host_heads_the_job_with_what_the_lost_head_ran(tmp_path):
+    spec = head_moved(spec_of(tmp_path, ELASTIC), "h1")
+    assert rows(spec) == [("h3", True, False, 2, 1, True), ("h2", False, False, 2, 0, False),
+                          ("h4", True, True, 0, 0, False), ("h1", True, False, 0, 0, False)]
+    assert spec.hosts[-1].env == {"TOKEN": "secret"}  # the host's secrets kept, not their masks
+    plan = make_plan(spec, "heads-1", str(tmp_path / "run"), 42000)
+    assert next(p.host for p in plan.processes if p.role == "learner") == "h3"  # node 0: the head
+    assert joins_later(spec, plan) == {"h1", "h4"}  # the lost host may be unreachable at the start
+
+
+def test_a_spare_heads_the_job_when_no_other_learner_host_is_left(tmp_path):
+    spec = head_moved(spec_of(tmp_path, ELASTIC.replace('name = "h3"\nlearner = true', 'name = "h3"')), "h1")
+    assert rows(spec) == [("h4", True, False, 1, 1, True), ("h2", False, False, 2, 0, False),
+                          ("h3", False, False, 1, 0, False), ("h1", True, False, 0, 0, False)]
+
+
+def test_a_job_that_cannot_go_on_without_its_head_is_refused_with_the_reason(tmp_path):
+    with pytest.raises(HeadNotMovable, match="h3 is not the head"):
+        head_moved(spec_of(tmp_path, ELASTIC), "h3")
+    with pytest.raises(HeadNotMovable, match="not the head of an elastic learner group"):
+        head_moved(spec_of(tmp_path, ELASTIC.replace("min_learner_nodes = 1", "learner_procs = 1")
+                           .replace("spare = true\n", "")), "h1")
