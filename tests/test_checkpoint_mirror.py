@@ -18,8 +18,8 @@ GONE = HOSTS.replace('name = "h1"', 'name = "h1"\naddress = "rlctl-test-gone-h1.
     'name = "h3"', 'name = "h3"\naddress = "rlctl-test-gone-h3.invalid"')
 
 
-def test_a_host_is_sent_every_checkpoint_but_the_older_numbered_ones(tmp_path):
-    for name in ("latest.pt", "best.pt", "ckpt-000002.pt", "ckpt-000010.pt", ".latest.pt.12.tmp"):
+def test_a_host_is_sent_every_checkpoint_but_the_older_numbered_ones_and_no_replay_snapshot(tmp_path):
+    for name in ("latest.pt", "best.pt", "ckpt-000002.pt", "ckpt-000010.pt", ".latest.pt.12.tmp", "replay-0.npz"):
         (tmp_path / name).write_bytes(b"x")
     assert checkpoints_to_send(tmp_path) == ["best.pt", "latest.pt", "ckpt-000010.pt"]
     assert checkpoints_to_send(tmp_path / "none") == []

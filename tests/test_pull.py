@@ -104,12 +104,14 @@ def aged(path, seconds_ago: float) -> float:
     return at
 
 
-def test_since_sends_only_files_modified_after_it(remote, tmp_path):
+def test_since_and_suffix_send_only_files_modified_after_it_and_so_named(remote, tmp_path):
     aged(remote / "best.pt", 100)
     cut = aged(remote / "latest.pt", 10) - 1
     home = tmp_path / "home"
     assert unpack_pulled(pulled(remote, "--since", repr(cut)), home) == ["latest.pt"]
     assert unpack_pulled(pulled(remote, "--since", repr(cut + 1)), home) == []
+    (remote / "replay-0.npz").write_bytes(b"big")
+    assert unpack_pulled(pulled(remote, "--suffix", ".pt"), home) == ["best.pt", "latest.pt"]
 
 
 def test_a_copy_as_new_as_the_one_that_comes_is_kept_and_an_older_one_replaced(remote, tmp_path):

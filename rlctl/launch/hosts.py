@@ -247,11 +247,13 @@ def pull_directory(hosts: list[HostSpec], remote_dir: str, local_dir: Path,
     return out
 
 
-def pull_newer(host: HostSpec, remote_dir: str, local_dir: Path, since: float,
+def pull_newer(host: HostSpec, remote_dir: str, local_dir: Path, since: float, suffix: str = "",
                timeout: float = 120.0) -> dict[str, float] | str:
-    """One try at the files of `remote_dir` on `host` modified after `since` (the host's clock), each written into
-    `local_dir` unless the copy there is as new: name -> modification time of what came, or an error."""
-    proc = on_hosts([host], ["pull", remote_dir, "--since", repr(since)], timeout=timeout)[host.name]
+    """One try at the files of `remote_dir` on `host` modified after `since` (the host's clock) and named ...`suffix`,
+    each written into `local_dir` unless the copy there is as new: name -> modification time of what came, or an
+    error."""
+    proc = on_hosts([host], ["pull", remote_dir, "--since", repr(since), "--suffix", suffix],
+                    timeout=timeout)[host.name]
     if proc.returncode != 0:
         return ssh_failure(proc)
     try:

@@ -360,10 +360,11 @@ def keep_newer(files: dict[str, tuple[bytes, float]], directory: Path) -> list[s
     return written
 
 
-def command_pull(directory: str, since: float = -1.0) -> int:
-    """Stream the regular files directly in `directory` (those modified after `since`) to stdout as a file
-    stream."""
-    write_file_stream(sys.stdout.buffer, folder_files(Path(directory)), since)
+def command_pull(directory: str, since: float = -1.0, suffix: str = "") -> int:
+    """Stream the regular files directly in `directory` (those modified after `since`, named ...`suffix`) to stdout
+    as a file stream."""
+    files = [p for p in folder_files(Path(directory)) if p.name.endswith(suffix)]
+    write_file_stream(sys.stdout.buffer, files, since)
     sys.stdout.buffer.flush()
     return 0
 
@@ -398,6 +399,7 @@ def main(args: list[str] | None = None) -> int:
     p_pull = sub.add_parser("pull", help="write a directory's files to stdout as tar")
     p_pull.add_argument("directory")
     p_pull.add_argument("--since", type=float, default=-1.0, help="only files modified after this (epoch seconds)")
+    p_pull.add_argument("--suffix", default="", help="only files whose names end so")
     p_push = sub.add_parser("push", help="write the files of a tar on stdin into a directory, unless as new there")
     p_push.add_argument("directory")
     ns = parser.parse_args(args)
@@ -417,7 +419,7 @@ def main(args: list[str] | None = None) -> int:
         return command_sweep(ns.run_id, ns.kill, ns.host)
     if ns.command == "push":
         return command_push(ns.directory)
-    return command_pull(ns.directory, ns.since)
+    return command_pull(ns.directory, ns.since, ns.suffix)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ learner head on another host would start there from nothing, silently. So:
 - while the run goes, every `logging.checkpoint_interval_s`, what those hosts wrote since comes home, in a thread
   of its own (one SSH call per host): a host lost for good costs about one interval of learning, not the run.
 
+Checkpoints only: replay snapshots can be gigabytes; they come home at the run's end (remote_cleanup), and a lost
+host's are lost with it.
+
 Newer means a later modification time, the writer's clock kept along the way. SSH hosts only: a Slurm node's working
 directory is expected on the cluster's shared filesystem, where the next allocation finds the checkpoints.
 """
@@ -25,6 +28,9 @@ from rlctl.launch.hosts import pull_newer, push_directory
 from rlctl.launch.remote import folder_files, remote_checkpoint_dir
 from rlctl.role_names import Role
 
+# Checkpoints (latest.pt, ckpt-N.pt, best.pt), not the replay snapshots beside them (replay-N.npz): those can be
+# gigabytes, and come home at the run's end.
+CHECKPOINT_SUFFIX = ".pt"
 PULL_TIMEOUT_S = 60.0  # one host's pull in the mirror (the run's end fetches again, with retries)
 
 
@@ -35,7 +41,7 @@ class CheckpointsNotSent(RuntimeError):
 def checkpoints_to_send(home: Path) -> list[str]:
     """The files a host needs to continue the run: every checkpoint but the numbered ones, of which the newest
     (a fallback for an unreadable latest.pt)."""
-    names = [p.name for p in folder_files(home)]
+    names = [p.name for p in folder_files(home) if p.name.endswith(CHECKPOINT_SUFFIX)]
     numbered = sorted(n for n in names if n.startswith("ckpt-"))
     return [n for n in names if not n.startswith("ckpt-")] + numbered[-1:]
 
@@ -93,7 +99,8 @@ class CheckpointMirror:
 
     def _pull(self, hosts: list[HostSpec]) -> None:
         for h in hosts:
-            got = pull_newer(h, self.remote_dir, self.home, self.since.get(h.name, -1.0), timeout=PULL_TIMEOUT_S)
+            got = pull_newer(h, self.remote_dir, self.home, self.since.get(h.name, -1.0), CHECKPOINT_SUFFIX,
+                             timeout=PULL_TIMEOUT_S)
             with self._lock:
                 errors = self.record.setdefault("errors", {})
                 if isinstance(got, str):
