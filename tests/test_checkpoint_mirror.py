@@ -10,7 +10,7 @@ import pytest
 
 from rlctl.launch.plan import make_plan
 from rlctl.supervise.checkpoint_mirror import CheckpointMirror, CheckpointsNotSent, checkpoints_to_send, writer_hosts
-from rlctl.views.console import checkpoints_home_text, header_lines
+from rlctl.views.console import checkpoints_home_text, head_moves_text, header_lines
 from test_host_loss import HOSTS, spec_of
 
 # Host names that resolve nowhere: ssh fails at once, as it does for a host that is gone.
@@ -68,3 +68,11 @@ def test_the_status_says_when_checkpoints_last_came_home_and_which_hosts_failed(
                         r"ssh: Could not resolve hostname h3", text), text
     assert text in header_lines(state)
     assert checkpoints_home_text({"checkpoints_home": "junk"}) is None and checkpoints_home_text({}) is None
+
+
+def test_the_status_says_where_the_learner_head_went():
+    state = {"run_id": "r", "status": "running", "head_moves": [
+        {"lost": "h1", "at": 1_700_000_000.0, "head": "h2"}, {"lost": "h2", "at": 1_700_000_600.0, "head": "h1"}, 7]}
+    text = head_moves_text(state)
+    assert re.fullmatch(r"learner head h1 -> h2 \(h1 lost \d\d:\d\d:\d\d\) -> h1 \(h2 lost \d\d:\d\d:\d\d\)", text), text
+    assert text in header_lines(state) and head_moves_text({"head_moves": []}) is None

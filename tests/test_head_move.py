@@ -74,3 +74,16 @@ def test_a_job_that_cannot_go_on_without_its_head_is_refused_with_the_reason(tmp
     with pytest.raises(HeadNotMovable, match="not the head of an elastic learner group"):
         head_moved(spec_of(tmp_path, ELASTIC.replace("min_learner_nodes = 1", "learner_procs = 1")
                            .replace("spare = true\n", "")), "h1")
+
+
+def test_a_run_that_cannot_go_on_without_its_head_is_recorded_failed_with_the_reason(tmp_path):
+    from rlctl.rundir import RunDir
+    from rlctl.supervise.head_failover import prepare_next_segment
+
+    rundir = RunDir.create(tmp_path / "runs", "heads")
+    rundir.write_state({"run_id": rundir.run_id, "status": "stopped", "exit_reason": "head host h3 lost"})
+    why = prepare_next_segment(rundir, spec_of(tmp_path, ELASTIC), "h3", 1_700_000_000.0)
+    assert why == "h3 is not the head of an elastic learner group"
+    state = rundir.read_state()
+    assert state["status"] == "failed" and state["exit_reason"] == (
+        "head host h3 lost; the run cannot go on without it: h3 is not the head of an elastic learner group")

@@ -419,6 +419,9 @@ def test_an_elastic_run_whose_head_host_is_lost_goes_on_with_its_head_on_the_oth
     assert "checkpoints sent to h2: latest.pt" in log, log
     first = re.search(r'\[\[hosts\]\]\nname = "(\w+)"', (run_dir / "job.toml").read_text())
     assert first and first.group(1) == "h2"  # the job it went on with: its head first
+    status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout
+    assert re.search(r"learner head h1 -> h2 \(h1 lost \d\d:\d\d:\d\d\)", status), status
+    assert [m["lost"] for m in state["head_moves"]] == ["h1"] and len(state["segments"]) == 2
 
 
 def test_a_spare_learner_host_takes_a_lost_nodes_place_and_the_node_back_waits_as_the_spare(lab, tmp_path):

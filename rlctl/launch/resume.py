@@ -115,11 +115,15 @@ def previous_segment(rundir: RunDir, supervisor_gone: bool = False) -> dict:
     if alive:
         raise ResumeRefused(f"processes of {rundir.run_id} are still running: {', '.join(alive)}")
     metrics = state.get("metrics") if isinstance(state.get("metrics"), dict) else {}
-    preemptions = state.get("preemptions")
     return {"env_steps": _count(metrics.get(M.ENV_STEPS)), "episodes": _count(metrics.get(M.EPISODES)),
             "segments": closed_segments(state), "status": status, "exit_reason": state.get("exit_reason"),
-            "best_return": metrics.get(M.EPISODE_RETURN_BEST),
-            "preemptions": [p for p in preemptions if isinstance(p, dict)] if isinstance(preemptions, list) else []}
+            "best_return": metrics.get(M.EPISODE_RETURN_BEST), "preemptions": _records(state.get("preemptions")),
+            "head_moves": _records(state.get("head_moves"))}
+
+
+def _records(value: object) -> list[dict]:
+    """A list of records of state.json (preemptions, head moves), whatever is not one left out."""
+    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
 
 
 def _count(value: object) -> int:

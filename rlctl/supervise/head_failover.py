@@ -15,9 +15,10 @@ from rlctl.run_status import RunStatus
 from rlctl.job.spec import JobSpec
 
 
-def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str) -> str | None:
-    """Write the run directory's next segment (job, plan, state "created") with the learner head off `lost`; None
-    once it is ready, else why the run cannot go on (recorded: the run failed)."""
+def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str, lost_at: float) -> str | None:
+    """Write the run directory's next segment (job, plan, state "created") with the learner head off `lost` (lost
+    at `lost_at`, recorded in state.json's `head_moves`); None once it is ready, else why the run cannot go on
+    (recorded: the run failed)."""
     from rlctl.job.load import JobFileError
     from rlctl.job.head_move import HeadNotMovable, head_moved
     from rlctl.launch.pipeline import LaunchInput, LaunchRefused, PreflightFailed, prepare
@@ -25,7 +26,10 @@ def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str) -> str | None
 
     try:
         moved = head_moved(spec, lost)
-        prepare(LaunchInput(moved, rundir, previous_segment(rundir)))
+        resumed = previous_segment(rundir)
+        head = next(h.name for h in moved.hosts if h.learner)
+        resumed["head_moves"] = [*resumed["head_moves"], {"lost": lost, "at": lost_at, "head": head}]
+        prepare(LaunchInput(moved, rundir, resumed))
     except (HeadNotMovable, JobFileError, LaunchRefused, PreflightFailed, ResumeRefused) as exc:
         why = str(exc) if not isinstance(exc, JobFileError) else exc.render()
         state = rundir.read_state() or {}
@@ -33,6 +37,5 @@ def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str) -> str | None
                             "exit_reason": f"{state.get('exit_reason')}; the run cannot go on without it: {why}"})
         print(f"rlctl: the run cannot go on without {lost}: {why}", file=sys.stderr, flush=True)
         return why
-    head = next(h.name for h in moved.hosts if h.learner)
     print(f"rlctl: the run goes on with its learner head on {head}", file=sys.stderr, flush=True)
     return None

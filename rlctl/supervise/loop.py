@@ -90,6 +90,7 @@ class Supervisor:
         self.remote_hosts = [h for h in spec.hosts if not h.is_local]
         self.stop_signals = 0
         self.head_lost: str | None = None  # an elastic run's head host, lost: the run goes on in a next segment
+        self.head_lost_at = 0.0
         self.shutting_down = False
         self.forced = False  # processes are SIGKILLed now, not after the grace
 
@@ -149,7 +150,8 @@ class Supervisor:
             ending = self.table.reap() or self.table.log_failure()
             if ending is not None and ending.head_lost:
                 # Stopped like a run told to stop; supervise_rundir starts the next segment, its head elsewhere.
-                self.head_lost, self.run_state.exit_reason = ending.head_lost, ending.reason
+                self.head_lost, self.head_lost_at = ending.head_lost, time.time()
+                self.run_state.exit_reason = ending.reason
                 self._say(f"{ending.reason}: this segment stops, and the run goes on with its learner head on "
                           "another host")
                 return
@@ -301,7 +303,7 @@ def supervise_rundir(path: str, display=None) -> int:
         code = supervisor.run()
         if supervisor.head_lost is None or supervisor.stop_signals:
             return code
-        if prepare_next_segment(rundir, supervisor.spec, supervisor.head_lost) is not None:
+        if prepare_next_segment(rundir, supervisor.spec, supervisor.head_lost, supervisor.head_lost_at) is not None:
             return 1
 
 

@@ -355,10 +355,23 @@ def header_lines(state: dict, now: float | None = None, width: int | None = None
     worlds = world_text(state)
     if worlds:
         lines.append(worlds)
+    heads = head_moves_text(state)
+    if heads:
+        lines.append(heads)
     home = checkpoints_home_text(state)
     if home:
         lines.append(home)
     return lines
+
+
+def head_moves_text(state: dict) -> str | None:
+    """Where an elastic run's learner head went as its hosts were lost, or None while it never moved:
+    "learner head h1 -> h2 (h1 lost 10:02:03) -> h1 (h2 lost 10:09:41)"."""
+    moves = [m for m in state.get("head_moves") or [] if isinstance(m, dict)]
+    if not moves:
+        return None
+    return "learner head " + " -> ".join([str(moves[0].get("lost"))] + [
+        f"{m.get('head')} ({m.get('lost')} lost {_local_time(m.get('at'))[-8:]})" for m in moves])
 
 
 def checkpoints_home_text(state: dict) -> str | None:
