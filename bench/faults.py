@@ -260,7 +260,8 @@ def head_loss(rounds: int, algo: str = "apex") -> list[tuple[float, int, float]]
     of before the loss minus the checkpoint the new head went on from); and seconds from the lost host's sshd back to
     a world of 2 again. The head moves back and forth between h1 and h2, a segment each round. None without the lab."""
     def job(lab, workdir: Path) -> str:
-        return learner_node_job(lab, workdir, algo) + f"\n[logging]\ncheckpoint_interval_s = {HEAD_CHECKPOINT_S}\n"
+        return learner_node_job(lab, workdir, algo).replace("checkpoint_interval_s = 1.0",
+                                                             f"checkpoint_interval_s = {HEAD_CHECKPOINT_S}")
 
     with lab_run(f"{algo} head loss", job) as ran:
         if ran is None:
@@ -269,8 +270,9 @@ def head_loss(rounds: int, algo: str = "apex") -> list[tuple[float, int, float]]
         out = []
         warm = 500 if algo == "apex" else 50
         for _ in range(rounds):
-            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, warm), 180,
-                 "a world of 2 learning")
+            wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and learning(run_dir, warm)
+                 and (state(run_dir).get("checkpoints_home") or {}).get("at", 0) > state(run_dir)["segments"][-1][
+                     "started_at"], 180, "a world of 2 learning, a checkpoint of this segment home")
             head, segments = row(run_dir, "learner-0")["host"], len(state(run_dir).get("segments", []))
             before = state(run_dir)["metrics"]["learner/updates"]
             t0 = time.time()
@@ -280,8 +282,8 @@ def head_loss(rounds: int, algo: str = "apex") -> list[tuple[float, int, float]]
             resumed = events.first(run_dir / "logs" / "learner-0.log", "resumed", after=t0)["update"]
             lab.bring_back(lab.hosts[int(head[1:]) - 1])
             t2 = time.time()
-            t3 = wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and worlds(run_dir)[-1][0] > t2, 180,
-                      "a world of 2 again")
+            t3 = wait(lambda: worlds(run_dir) and worlds(run_dir)[-1][1] == 2 and worlds(run_dir)[-1][0] > t2
+                      and worlds(run_dir)[-1][0], 180, "a world of 2 again")
             out.append((t1 - t0, before - resumed, t3 - t2))
             print(f"{algo}: head's host {head} taken down: the first update of the head on "
                   f"{row(run_dir, 'learner-0')['host']} after {t1 - t0:.1f} s ({before - resumed} updates lost, "

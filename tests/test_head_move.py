@@ -87,3 +87,31 @@ def test_a_run_that_cannot_go_on_without_its_head_is_recorded_failed_with_the_re
     state = rundir.read_state()
     assert state["status"] == "failed" and state["exit_reason"] == (
         "head host h3 lost; the run cannot go on without it: h3 is not the head of an elastic learner group")
+
+
+def test_a_head_whose_host_two_starts_in_a_row_did_not_reach_ends_the_segment_as_lost(tmp_path):
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from rlctl.supervise.process_table import ProcessTable
+    from rlctl.supervise.restart_policy import ProcState
+
+    spec = spec_of(tmp_path, ELASTIC.replace("[topology]\n", "[topology]\nmax_restarts = 100\n"))
+    table = ProcessTable(spec, make_plan(spec, "heads-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    head = table.by_name["learner-0"]
+    for began, expected in ((True, None), (False, None), (False, "h1")):
+        # ssh's exit 255, from a session whose far side began (it dropped) or from one that never reached the host.
+        head.popen = subprocess.Popen(["sh", "-c", "exit 255"])
+        head.popen.wait()
+        head.pump = SimpleNamespace(session_at=1.0 if began else None, startup_failure=None, join=lambda timeout: None)
+        if head.life.state is ProcState.RESTARTING:
+            assert head in table.due(time.time() + 3600)
+        elif head.life.state is not ProcState.STARTING:
+            head.life.start()
+        end = table.reap()
+        assert (end.head_lost if end else None) == expected, end
+    assert end.status == "stopped"
+    assert end.reason == "head host h1 lost: ssh could not reach it (2 starts of learner-0 in a row)"
+    assert head.life.state is ProcState.LOST
+    table.watch.close()

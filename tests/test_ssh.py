@@ -415,7 +415,7 @@ def test_an_elastic_run_whose_head_host_is_lost_goes_on_with_its_head_on_the_oth
     r0, r1 = state["learner_ranks"]["0"], state["learner_ranks"]["1"]
     assert r0["learner/param_digest"] == r1["learner/param_digest"] and r0["learner/world"] == 2
     log = (run_dir / "logs" / "supervisor.log").read_text()
-    assert "head host h1 lost: ssh could not reach it through learner-0's restarts" in log, log
+    assert re.search(r"head host h1 lost: ssh could not reach it \(\d+ starts of learner-0 in a row\)", log), log
     assert "checkpoints sent to h2: latest.pt" in log, log
     first = re.search(r'\[\[hosts\]\]\nname = "(\w+)"', (run_dir / "job.toml").read_text())
     assert first and first.group(1) == "h2"  # the job it went on with: its head first

@@ -33,7 +33,8 @@ def head_moved(spec: JobSpec, lost: str) -> JobSpec:
     rows = {row["name"]: row for row in data["hosts"]}
     old, new = rows[lost], rows[heir]
     new.update(spare=False, collectors=new["collectors"] + old["collectors"],
-               replay_shards=new["replay_shards"] + old["replay_shards"], evaluator=new["evaluator"] or old["evaluator"])
+               replay_shards=new["replay_shards"] + old["replay_shards"],
+               evaluator=new["evaluator"] or old["evaluator"])
     old.update(collectors=0, replay_shards=0, evaluator=False)
     # The heir in the head's place, the others in their order (collector ranks stay where they were), the lost last.
     data["hosts"] = [new if row is old else row for row in data["hosts"] if row is not new] + [old]

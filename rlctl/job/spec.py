@@ -296,7 +296,8 @@ class LoggingSpec(Section):
     """Seconds between the `metrics ...` lines each process writes to its log: its rates, returns and losses in one
     line (`rlctl logs`)."""
     checkpoint_interval_s: Annotated[float, Field(gt=0, le=1e7)] = 60.0
-    """Seconds between learner checkpoints (one is always written at stop)."""
+    """Seconds between learner checkpoints (one is always written at stop); those of SSH hosts come into the run
+    directory as often (every 5 s at most)."""
     checkpoint_keep_every: NonNegInt = 10
     """Besides the newest, keep every Kth checkpoint (0 = newest only)."""
     heartbeat_timeout_s: Annotated[float, Field(gt=0, le=1e6)] = 60.0

@@ -7,8 +7,9 @@ learner head on another host would start there from nothing, silently. So:
 - at the start of each segment, the newest checkpoints of the run directory go to the SSH hosts of the learner's
   head and of the evaluator, where a copy as new is kept (`rlctl.launch.remote push`): a resumed run whose head
   moved to another host continues where it was; a head host they cannot reach fails the start, loudly;
-- while the run goes, every `logging.checkpoint_interval_s`, what those hosts wrote since comes home, in a thread
-  of its own (one SSH call per host): a host lost for good costs about one interval of learning, not the run.
+- while the run goes, every `logging.checkpoint_interval_s` (5 s at least), what those hosts wrote since comes
+  home, in a thread of its own (one SSH call per host): a host lost for good costs about one interval of learning,
+  not the run.
 
 Checkpoints only: replay snapshots can be gigabytes; they come home at the run's end (remote_cleanup), and a lost
 host's are lost with it.
@@ -31,6 +32,7 @@ from rlctl.role_names import Role
 # Checkpoints (latest.pt, ckpt-N.pt, best.pt), not the replay snapshots beside them (replay-N.npz): those can be
 # gigabytes, and come home at the run's end.
 CHECKPOINT_SUFFIX = ".pt"
+MIN_INTERVAL_S = 5.0  # an ssh and a python on the host per pull: not every second, whatever the checkpoints do
 PULL_TIMEOUT_S = 60.0  # one host's pull in the mirror (the run's end fetches again, with retries)
 
 
@@ -56,7 +58,7 @@ class CheckpointMirror:
     """The run's checkpoints between its run directory and its SSH hosts."""
 
     def __init__(self, spec: JobSpec, run_id: str, home: Path):
-        self.interval = spec.logging.checkpoint_interval_s
+        self.interval = max(spec.logging.checkpoint_interval_s, MIN_INTERVAL_S)
         self.remote_dir, self.home = remote_checkpoint_dir(run_id), home
         self.hosts: dict[str, HostSpec] = {h.name: h for h in spec.hosts if not h.is_local and h.slurm_job is None}
         self.since: dict[str, float] = {}  # host -> the newest modification time it is known to have sent or got

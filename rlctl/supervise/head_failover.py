@@ -13,6 +13,8 @@ import sys
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
 from rlctl.job.spec import JobSpec
+from rlctl.supervise.checkpoint_mirror import checkpoints_to_send
+from rlctl.supervise.supervisor_log import SupervisorLog
 
 
 def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str, lost_at: float) -> str | None:
@@ -35,7 +37,12 @@ def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str, lost_at: floa
         state = rundir.read_state() or {}
         rundir.write_state({**state, "status": RunStatus.FAILED,
                             "exit_reason": f"{state.get('exit_reason')}; the run cannot go on without it: {why}"})
+        SupervisorLog(rundir).write(f"the run cannot go on without {lost}: {why}")
         print(f"rlctl: the run cannot go on without {lost}: {why}", file=sys.stderr, flush=True)
         return why
-    print(f"rlctl: the run goes on with its learner head on {head}", file=sys.stderr, flush=True)
+    line = f"the run goes on with its learner head on {head}" + (
+        "" if checkpoints_to_send(rundir.checkpoints_dir) else
+        f", from nothing: no checkpoint of the run came home before {lost} was lost")
+    SupervisorLog(rundir).write(line)
+    print(f"rlctl: {line}", file=sys.stderr, flush=True)
     return None

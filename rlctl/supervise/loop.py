@@ -282,8 +282,10 @@ class Supervisor:
         self.router.drain(0)
         remove_weight_board(self.plan.to_dict())
         self.mirror.close()  # a pull under way ends before the last fetch
-        if self.remote_hosts and not self.preemption.job_ending:  # an ending job starts no step to fetch with
-            self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, self.remote_hosts,
+        # A lost head's host is left to the next segment, which probes it (its checkpoints came home meanwhile).
+        hosts = [h for h in self.remote_hosts if h.name != self.head_lost]
+        if hosts and not self.preemption.job_ending:  # an ending job starts no step to fetch with
+            self.run_state.remote_cleanup = finish_remote(self.plan, self.rundir, hosts,
                                                           [h.spec for h in self.table.handles])
 
     def _wait_gone(self, group: list[ProcessHandle], term_after: float = -1.0) -> None:

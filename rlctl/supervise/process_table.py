@@ -40,6 +40,8 @@ LOG_TAIL_LINES = 20
 # After the stop, how long the supervisor waits for the processes' output to reach their logs (the pipes to close)
 # before it writes the run's end: a pipe stays open past its process only if something outside the group holds it.
 LOG_DRAIN_S = 10.0
+# An elastic head whose host this many starts in a row did not reach is lost with it: the run goes on elsewhere.
+HEAD_UNREACHED_STARTS = 2
 
 
 class LogPump(threading.Thread):
@@ -99,6 +101,7 @@ class ProcessHandle:
     kill_sent_at: float | None = None  # remote: when KILL went down the session
     started_at: float = 0.0
     lost_sessions: int = 0  # remote: sessions that ssh itself ended (exit 255: host unreachable, connection lost)
+    unreached: int = 0  # remote: starts in a row whose ssh never reached the host (exit 255, no session began)
     last_exit: int | None = None  # exit code of the previous start, kept across restarts
     rank_pids: dict = field(default_factory=dict)  # learner: torchrun rank -> pid (a hung rank is killed by pid)
     killed_ranks: set = field(default_factory=set)  # their pids: a message of theirs still queued is no new rank
@@ -258,11 +261,21 @@ def host_bound(h: ProcessHandle) -> bool:
     return h.spec.role == Role.RELAY or (h.spec.role == Role.LEARNER and not h.spec.critical)
 
 
-def head_host_gone(h: ProcessHandle, spec: JobSpec, slurm_job: int | None) -> bool:
-    """An elastic world's head, out of restarts, whose SSH host did not answer the last: its host is lost (the run
-    goes on in a next segment with its head elsewhere, rlctl.supervise.head_failover)."""
+def head_host_gone(h: ProcessHandle, spec: JobSpec, slurm_job: int | None,
+                   starts: int = HEAD_UNREACHED_STARTS) -> bool:
+    """An elastic world's head whose SSH host `starts` starts in a row did not reach: its host is lost (the run goes
+    on in a next segment with its head elsewhere, rlctl.supervise.head_failover), without waiting for the restarts
+    to run out (a job may allow a hundred, 30 s apart)."""
     return (spec.elastic_learners and h.spec.role == Role.LEARNER and h.spec.critical and h.spec.remote
-            and slurm_job is None and h.last_exit == SSH_FAILED)
+            and slurm_job is None and h.last_exit == SSH_FAILED and h.unreached >= starts)
+
+
+def head_lost(h: ProcessHandle) -> RunEnd:
+    """The segment's end for a head whose host is lost: the head lost with it."""
+    h.life.lose()
+    h.metrics = {}
+    return RunEnd(RunStatus.STOPPED, f"head host {h.spec.host} lost: ssh could not reach it ({h.unreached} starts of "
+                  f"{h.spec.name} in a row)", head_lost=h.spec.host)
 
 
 def can_lose(h: ProcessHandle, handles: list[ProcessHandle], spec: JobSpec) -> bool:
@@ -338,6 +351,8 @@ class ProcessTable:
                 continue
             h.exit_code = h.last_exit = code
             h.lost_sessions += int(h.spec.remote and code == SSH_FAILED)
+            never_began = h.spec.remote and code == SSH_FAILED and (h.pump is None or h.pump.session_at is None)
+            h.unreached = h.unreached + 1 if never_began else 0
             if h.pump:
                 h.pump.join(timeout=2)
             cause = h.pump.startup_failure if h.pump is not None else None
@@ -365,6 +380,8 @@ class ProcessTable:
             if h.spec.host not in nodes:
                 return self._node_lost(h, nodes)
         now = time.time()
+        if head_host_gone(h, self.spec, self.slurm_job):
+            return head_lost(h)
         if h.life.ended(code, h.spec.critical, now):
             self.on_restart(h.spec.name)
             if h.spec.critical:
@@ -377,11 +394,8 @@ class ProcessTable:
             if h.spec.role == Role.LEARNER and h.last_exit == SSH_FAILED:
                 self._lose_unreachable(h.spec.host, now)
             return None
-        if head_host_gone(h, self.spec, self.slurm_job):
-            h.life.lose()
-            h.metrics = {}
-            return RunEnd(RunStatus.STOPPED, f"head host {h.spec.host} lost: ssh could not reach it through "
-                          f"{h.spec.name}'s restarts", head_lost=h.spec.host)
+        if head_host_gone(h, self.spec, self.slurm_job, starts=1):  # out of restarts sooner
+            return head_lost(h)
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
         return RunEnd(RunStatus.FAILED, f"{h.spec.name} exited with code {code} ({why})", h.failure_record())

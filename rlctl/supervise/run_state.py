@@ -114,7 +114,7 @@ class RunState:
         # A resumed run continues the segments before it (each closed by `run --resume`): the run started with the
         # first, and its elapsed time (the wall_s budget too) adds up all of them.
         self.segments: list[dict] = [s for s in (resumed or {}).get("segments", []) if isinstance(s, dict)]
-        # An elastic run's head hosts lost so far, each with the host that took its place (rlctl.supervise.head_failover).
+        # An elastic run's head hosts lost so far, each with the host that took its place (supervise.head_failover).
         self.head_moves: list[dict] = [m for m in (resumed or {}).get("head_moves", []) if isinstance(m, dict)]
         self.started_at = self.segments[0]["started_at"] if self.segments else self.segment_started_at
         self.elapsed_before = sum(max(0.0, s["ended_at"] - s["started_at"]) for s in self.segments)
