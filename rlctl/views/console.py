@@ -347,21 +347,9 @@ def header_lines(state: dict, now: float | None = None, width: int | None = None
     if inference:
         lines.append(f"inference {inference[0]} req/s, batch {inference[1]}, p50 {inference[2]} p99 {inference[3]} ms")
     verdict = bottleneck.verdict(metrics) if status_of(state) == RunStatus.RUNNING else None
-    if verdict:
-        lines.append(verdict)
-    diverging = divergence_text(metrics)
-    if diverging:
-        lines.append(diverging)
-    worlds = world_text(state)
-    if worlds:
-        lines.append(worlds)
-    heads = head_moves_text(state)
-    if heads:
-        lines.append(heads)
-    home = checkpoints_home_text(state)
-    if home:
-        lines.append(home)
-    return lines
+    concerns = (verdict, divergence_text(metrics), world_text(state), head_moves_text(state),
+                checkpoints_home_text(state))
+    return lines + [line for line in concerns if line]
 
 
 def head_moves_text(state: dict) -> str | None:
