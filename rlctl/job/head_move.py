@@ -2,7 +2,7 @@
 
 The head, the first learner host, holds what cannot move within a segment: rank 0 (the weights endpoint, the
 checkpoints, rollout dealing), the rendezvous store, and whatever else the job placed there. When its host is lost
-for good (ssh cannot reach it through the learner's restarts), the supervisor ends the segment and starts the next
+for good (two starts of the head in a row cannot reach it over SSH), the supervisor ends the segment and starts the next
 one at once (rlctl.supervise.loop.supervise_rundir), as `rlctl run --resume` with this job would: the next learner
 host takes the head's place, the lost host's collectors, replay shards and evaluator with it, and the lost host
 stays a learner node of its own, last, which joins the group once it answers again. The new head continues from the

@@ -1,7 +1,7 @@
 """The segment after an elastic run's head host was lost: prepared in the same supervisor process, at once.
 
-The supervisor ends the segment whose head's host SSH could not reach through the learner's restarts (its processes
-stopped, its checkpoints home), and this prepares the next as `rlctl run --resume RUN --job FILE` would, with the job
+The supervisor ends the segment whose head's host two starts of the head in a row could not reach over SSH (its
+processes stopped, its checkpoints home), and this prepares the next as `rlctl run --resume RUN --job FILE` would, with the job
 rlctl.job.head_move renders: the same run directory, its counters and segments carried on, and a start that sends
 the new head the newest checkpoint that came home. What cannot go on fails the run, with the reason.
 """
