@@ -8,7 +8,7 @@ from rlctl import metric_names as M
 from rlctl.algos.base import LearnerCore, LearnerSetup, Loss, minibatch_epochs
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
-from rlctl.models import ActorCritic, as_float
+from rlctl.models import ActorCritic, as_float, take_columns
 from rlctl.optim import build_optimizer
 
 
@@ -109,7 +109,7 @@ class PPOLearner(RolloutCore):
         # Boolean grids train on the columns some row sets (exact: models.live_columns), cut once per update.
         self.cols = self.model.live_columns(obs)
         if self.cols is not None:
-            obs = obs.flatten(1).index_select(1, self.cols)
+            obs = take_columns(obs.flatten(1), self.cols)
         rows = {"obs": obs,
                 "action": actions.reshape(T * B, *actions.shape[2:])[keep], "logp": r["logp"].reshape(-1)[keep],
                 "adv": adv.reshape(-1)[keep], "ret": returns.reshape(-1)[keep], "v": old_values.reshape(-1)[keep]}
