@@ -196,7 +196,7 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int = 0, action_dim: int = 0,
                  hidden: Sequence[int] = (64, 64), activation: str = "tanh", encoder: str = "mlp",
-                 log_std_init: float = 0.0):
+                 log_std_init: float = 0.0, share_trunk: bool = False):
         super().__init__()
         if (n_actions > 0) == (action_dim > 0):
             raise ValueError("give exactly one of n_actions (Discrete) or action_dim (Box)")
@@ -208,9 +208,12 @@ class ActorCritic(nn.Module):
             self.actor_body, self.critic_body = shared, shared
             width = shared.out_dim
             self.actor_head, self.critic_head = nn.Linear(width, out), nn.Linear(width, 1)
+        elif share_trunk:
+            self.actor_body = self.critic_body = FlatMLP(self.obs_shape, hidden, activation)
         else:
             self.actor_body, self.critic_body = (FlatMLP(self.obs_shape, hidden, activation),
                                                  FlatMLP(self.obs_shape, hidden, activation))
+        if encoder != "conv":
             self.actor_head = nn.Linear(self.actor_body.out_dim, out)
             self.critic_head = nn.Linear(self.critic_body.out_dim, 1)
         # Orthogonal init as CleanRL and SB3 use for PPO: sqrt(2) gain in the trunks, a small last policy layer
@@ -232,7 +235,8 @@ class ActorCritic(nn.Module):
         """(logits or Gaussian means [B, A], values [B]); with `cols` (from `live_columns`), `obs` holds only those
         columns of the flattened observations."""
         if cols is not None:
-            features, critic = self.actor_body.forward(obs, cols), self.critic_body.forward(obs, cols)
+            features = self.actor_body.forward(obs, cols)
+            critic = features if self.critic_body is self.actor_body else self.critic_body.forward(obs, cols)
             return linear(self.actor_head, features), linear(self.critic_head, critic).squeeze(-1)
         features = self.actor_body.forward(obs)
         # Shared convolutions run once for both heads (running them per head doubled every forward and backward).

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rlctl.algos.onpolicy.returns import gae, ppo_loss, vtrace
 from rlctl.models import ActorCritic, ConvEncoder
@@ -268,9 +269,11 @@ def test_live_columns_are_the_set_ones_of_a_boolean_batch_and_none_where_most_ar
 
 
 @needs_extra("minatar", "minatar")
-def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(monkeypatch):
+@pytest.mark.parametrize("share_trunk", [False, True])
+def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(monkeypatch, share_trunk):
     # MinAtar Breakout frames from real play: the update that trains on the columns some frame sets takes the
-    # same step as the one over all 400 (a column no row sets adds no output and an exact zero of weight gradient).
+    # same step as the one over all 400 (a column no row sets adds no output and an exact zero of weight gradient),
+    # with separate trunks and with one shared by actor and critic.
     from rlctl import models
     from rlctl.job.load import validate_job
     from rlctl.roles.learner import build_core
@@ -279,7 +282,8 @@ def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(mo
     job = validate_job({"job": {"name": "t", "seed": 3},
                         "env": {"id": "MinAtar/Breakout-v1", "envs_per_collector": 8},
                         "algorithm": {"name": "ppo", "rollout_len": 32, "epochs": 2, "minibatches": 4, "lr": 5e-3},
-                        "model": {"hidden": [32, 32], "activation": "relu"}, "topology": {"collectors": 2}})
+                        "model": {"hidden": [32, 32], "activation": "relu", "share_trunk": share_trunk},
+                        "topology": {"collectors": 2}})
     info, _, _, blocks = collect_blocks(job, 2)
     batch = learner_batch(job, blocks)
     live, dense = (build_core(job, info, torch.device("cpu")) for _ in range(2))
@@ -295,9 +299,47 @@ def test_ppo_update_on_the_live_columns_of_boolean_grids_equals_the_dense_one(mo
         assert float(live_stats[k]) == pytest.approx(float(v), rel=1e-3, abs=1e-5), k
 
 
+def test_a_shared_trunk_is_one_trunk_under_both_heads():
+    shared = ActorCritic((3, 3, 2), n_actions=4, hidden=(8, 8), activation="relu", share_trunk=True)
+    separate = ActorCritic((3, 3, 2), n_actions=4, hidden=(8, 8), activation="relu")
+    assert shared.actor_body is shared.critic_body
+    trunk = sum(p.numel() for p in shared.actor_body.parameters())
+    assert sum(p.numel() for p in separate.parameters()) - sum(p.numel() for p in shared.parameters()) == trunk
+    obs = torch.rand(5, 3, 3, 2) < 0.3
+    features = shared.actor_body(obs)
+    head, value = shared(obs)
+    torch.testing.assert_close(head, F.linear(features, shared.actor_head.weight, shared.actor_head.bias))
+    torch.testing.assert_close(value, shared.value(obs))
+    cols = shared.live_columns(obs)
+    cut = obs.flatten(1).index_select(1, cols)
+    for a, b in zip(shared(cut, cols), (head, value)):
+        torch.testing.assert_close(a, b)
+    # Both heads' gradients reach the one trunk.
+    (head.sum() + value.sum()).backward()
+    assert all(p.grad is not None for p in shared.parameters())
+
+
 def test_an_actor_critic_without_hidden_layers_takes_every_column():
     # Heads directly on the input (model.hidden = []): there is no first trunk layer to cut.
     model = ActorCritic((3, 3, 2), n_actions=2, hidden=())
     assert model.live_columns(torch.zeros(4, 3, 3, 2, dtype=torch.bool)) is None
     assert ActorCritic((3, 3, 2), n_actions=2, hidden=(8,)).live_columns(torch.zeros(4, 3, 3, 2, dtype=torch.bool)) \
         is not None
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e3, float("inf")])
+def test_clip_grad_norm_is_torchs_to_the_bit(scale):
+    # The learner's own clip (rlctl.algos.base.clip_grad_norm) must take torch's step: same norm, same gradients,
+    # a non-finite norm included (the learner then skips the step).
+    from rlctl.algos.base import clip_grad_norm
+
+    torch.manual_seed(0)
+    ours, theirs = (ActorCritic((3, 3, 2), n_actions=4, hidden=(16, 8)) for _ in range(2))
+    theirs.load_state_dict(ours.state_dict())
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        p.grad = torch.randn_like(p) * scale
+        q.grad = p.grad.clone()
+    mine, torchs = clip_grad_norm(ours.parameters(), 0.5), torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.5)
+    assert torch.equal(mine, torchs) or (mine.isinf() and torchs.isinf())
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        assert torch.equal(p.grad, q.grad) or (p.grad.isnan().any() and q.grad.isnan().any())

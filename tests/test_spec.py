@@ -407,6 +407,12 @@ def test_batch_size_limit_is_the_replay_shards():
     assert "algorithm.batch_size" in _problems(_job(algorithm={"name": "apex", "batch_size": MAX_SAMPLE + 1}))
 
 
+def test_a_shared_trunk_is_for_actor_critics_only():
+    assert validate_job(_job(algorithm={"name": "ppo"}, model={"share_trunk": True})).model.share_trunk
+    for name in ("apex", "r2d2"):
+        assert "Q-network" in _problems(_job(algorithm={"name": name}, model={"share_trunk": True}))["model.share_trunk"]
+
+
 def test_replay_min_size_may_equal_capacity():
     assert validate_job(_job(replay={"capacity": 5000, "min_size": 5000})).replay.min_size == 5000
 

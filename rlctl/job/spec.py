@@ -165,6 +165,10 @@ class ModelSpec(Section):
     """Hidden layer widths."""
     activation: Literal["relu", "tanh", "elu"] = "relu"
     """Hidden activation."""
+    share_trunk: bool = False
+    """PPO, APPO, IMPALA, A2C: actor and critic share the MLP trunk (RLlib's `vf_share_layers`, Sample Factory's
+    `actor_critic_share_weights`): one trunk's work in each step instead of two, which may learn less per env
+    step; separate trunks otherwise. Convolutions are always shared."""
 
 
 class ReplaySpec(Section):

@@ -19,6 +19,7 @@ def build_model(job, info: SpaceInfo) -> ActorCritic:
     return ActorCritic(info.obs_shape, n_actions=info.n_actions,
                        action_dim=0 if info.discrete else math.prod(info.action_shape),
                        hidden=model.hidden, activation=model.activation, encoder=model.encoder,
+                       share_trunk=model.share_trunk,
                        log_std_init=job.algorithm.log_std_init)
 
 
