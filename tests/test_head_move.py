@@ -115,3 +115,40 @@ def test_a_head_whose_host_two_starts_in_a_row_did_not_reach_ends_the_segment_as
     assert end.reason == "head host h1 lost: ssh could not reach it (2 starts of learner-0 in a row)"
     assert head.life.state is ProcState.LOST
     table.watch.close()
+
+
+def test_between_two_segments_the_run_says_starting_and_a_stop_there_ends_it_stopped_with_its_counters(tmp_path):
+    import os
+    import signal
+
+    from rlctl.launch.resume import ResumeRefused, previous_segment
+    from rlctl.liveness import process_start_time
+    from rlctl.rundir import RunDir
+    from rlctl.run_logs import is_end_line
+    from rlctl.supervise.head_failover import StopBetweenSegments, stop_between_segments
+
+    rundir = RunDir.create(tmp_path / "runs", "heads")
+    # What a segment's wind-down writes when its head host was lost: the run goes on, so it says starting.
+    ended = {"run_id": rundir.run_id, "status": "starting", "exit_reason": "head host h1 lost",
+             "started_at": 100.0, "ended_at": 160.0, "updated_at": 160.0, "supervisor_pid": os.getpid(),
+             "supervisor_start": process_start_time(os.getpid()),
+             "segments": [{"started_at": 100.0, "ended_at": 130.0}, {"started_at": 140.0, "ended_at": 160.0}],
+             "metrics": {"charts/env_steps": 5000}, "processes": []}
+    rundir.write_state(ended)
+    with pytest.raises(ResumeRefused, match="is starting"):
+        previous_segment(rundir)  # `rlctl run --resume` of a run whose supervisor goes on with it
+    assert previous_segment(rundir, ended_here=True)["env_steps"] == 5000  # the supervisor's own next segment
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopBetweenSegments() as gap:
+        os.kill(os.getpid(), signal.SIGTERM)  # `rlctl stop` while no segment's supervisor holds the signals
+        assert gap.signum == signal.SIGTERM
+        rundir.write_state({"run_id": rundir.run_id, "status": "created", "metrics": {}})  # the next one, prepared
+        assert stop_between_segments(rundir, ended, gap.signum) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+    state = rundir.read_state()
+    assert state["status"] == "stopped" and state["metrics"] == {"charts/env_steps": 5000}
+    assert state["exit_reason"] == "stopped by SIGTERM before its next segment started (head host h1 lost)"
+    last = (rundir.logs_dir / "supervisor.log").read_text().splitlines()[-1]
+    assert is_end_line(last.partition(" ")[2]) and "run stopped after 50.0s" in last, last
+    assert previous_segment(rundir)["env_steps"] == 5000  # resumable as any stopped run

@@ -419,6 +419,9 @@ def test_an_elastic_run_whose_head_host_is_lost_goes_on_with_its_head_on_the_oth
     log = (run_dir / "logs" / "supervisor.log").read_text()
     assert re.search(r"head host h1 lost: ssh could not reach it \(\d+ starts of learner-0 in a row\)", log), log
     assert "checkpoints sent to h2: latest.pt" in log, log
+    # Between the segments the run said it was starting, not that it had ended: one end line, the run's own.
+    assert re.search(r"segment ended after [\d.]+s: head host h1 lost.*; the next one starts", log), log
+    assert len(re.findall(r"^\S+ run \w+ after ", log, re.M)) == 1, log
     first = re.search(r'\[\[hosts\]\]\nname = "(\w+)"', (run_dir / "job.toml").read_text())
     assert first and first.group(1) == "h2"  # the job it went on with: its head first
     status = run_cli(["status", run_id, "--runs-dir", str(runs)], env={"COLUMNS": "200"}).stdout

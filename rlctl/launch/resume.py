@@ -97,18 +97,19 @@ def job_for_resume(old: JobSpec, new: JobSpec | None, until: dict[str, object], 
     return with_host_secrets(validate_job(data, "--until"), host_secrets(spec))
 
 
-def previous_segment(rundir: RunDir, supervisor_gone: bool = False) -> dict:
+def previous_segment(rundir: RunDir, supervisor_gone: bool = False, ended_here: bool = False) -> dict:
     """What the next supervisor continues from: env steps, episodes, the segments so far (each closed: a lost one
     ends at its last state write), its preemptions and how the run stands. ResumeRefused while the run (or a
     process of it) is still alive; `supervisor_gone`: its supervisor is known to be gone, whatever state.json says
-    (Slurm started its batch job again), so the run is lost unless it said how it ended."""
+    (Slurm started its batch job again), so the run is lost unless it said how it ended; `ended_here`: this
+    process's supervisor ended the segment to start the next itself (a head move: the run says starting)."""
     state = rundir.read_state()
     if state is None:
         raise ResumeRefused(f"{rundir.run_id} has no readable state.json")
     status = status_of(state)
     if supervisor_gone and status not in OVER_STATES:
         status = RunStatus.LOST
-    if status not in OVER_STATES:
+    if status not in OVER_STATES and not (ended_here and status == RunStatus.STARTING):
         raise ResumeRefused(f"{rundir.run_id} is {status} (supervisor pid {state.get('supervisor_pid')}); "
                             f"stop it first: rlctl stop {rundir.run_id}")
     alive = live_processes(state)

@@ -3,13 +3,17 @@
 The supervisor ends the segment whose head's host two starts of the head in a row could not reach over SSH (its
 processes stopped, its checkpoints home), and this prepares the next as `rlctl run --resume RUN --job FILE` would, with the job
 rlctl.job.head_move renders: the same run directory, its counters and segments carried on, and a start that sends
-the new head the newest checkpoint that came home. What cannot go on fails the run, with the reason.
+the new head the newest checkpoint that came home. What cannot go on fails the run, with the reason. Between the two
+segments the run says starting; a stop there (StopBetweenSegments) ends it stopped, as the last segment left it.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 
+from rlctl.run_reading import closed_segments
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
 from rlctl.job.spec import JobSpec
@@ -28,7 +32,7 @@ def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str, lost_at: floa
 
     try:
         moved = head_moved(spec, lost)
-        resumed = previous_segment(rundir)
+        resumed = previous_segment(rundir, ended_here=True)
         head = next(h.name for h in moved.hosts if h.learner)
         resumed["head_moves"] = [*resumed["head_moves"], {"lost": lost, "at": lost_at, "head": head}]
         prepare(LaunchInput(moved, rundir, resumed))
@@ -46,3 +50,38 @@ def prepare_next_segment(rundir: RunDir, spec: JobSpec, lost: str, lost_at: floa
     SupervisorLog(rundir).write(line)
     print(f"rlctl: {line}", file=sys.stderr, flush=True)
     return None
+
+
+class StopBetweenSegments:
+    """SIGINT and SIGTERM between two segments of a run, recorded (`signum`): a segment's supervisor puts these
+    handlers back when it ends, so that a stop arriving before the next segment's supervisor has its own stops the
+    run there, rather than the process dying of the signal with the run left starting."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.old: dict = {}
+
+    def __enter__(self) -> "StopBetweenSegments":
+        self.old = {s: signal.signal(s, self._on_signal) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signum = signum
+
+
+def stop_between_segments(rundir: RunDir, state: dict, signum: int) -> int:
+    """End the run stopped, as `state` (the last segment's end) had it, after a stop between two segments; 0."""
+    reason = f"stopped by {signal.Signals(signum).name} before its next segment started ({state.get('exit_reason')})"
+    now = time.time()
+    rundir.write_state({**state, "status": RunStatus.STOPPED, "exit_reason": reason, "ended_at": now,
+                        "updated_at": now})
+    elapsed = sum(max(0.0, s["ended_at"] - s["started_at"]) for s in closed_segments(state))
+    SupervisorLog(rundir).end(RunStatus.STOPPED, reason, elapsed)
+    print(f"rlctl: {reason}", file=sys.stderr, flush=True)
+    return 0

@@ -24,7 +24,7 @@ from rlctl.metrics import MetricsHub
 from rlctl.supervise.metrics_sink import MetricsSink
 from rlctl.launch.plan import LaunchPlan, make_plan
 from rlctl.supervise.checkpoint_mirror import CheckpointMirror
-from rlctl.supervise.head_failover import prepare_next_segment
+from rlctl.supervise.head_failover import StopBetweenSegments, prepare_next_segment, stop_between_segments
 from rlctl.supervise.process_start import ProcessStarter
 from rlctl.supervise import spares
 from rlctl.supervise.preemption import Preemption
@@ -237,14 +237,21 @@ class Supervisor:
             state.fail_self(exc)
             self.table.kill_everything()
         state.ended_at = time.time()
+        # A head host lost: the run goes on in a next segment, started by supervise_rundir in this process, so it
+        # says starting, not stopped, between the two (whoever waits for the run's end, `logs --follow` too, waits on).
+        moving = self.head_lost is not None and not self.stop_signals
         if state.status == RunStatus.STOPPING:
             state.status = ending if ending in (RunStatus.FINISHED, RunStatus.FAILED) else (
-                RunStatus.PREEMPTED if preempted else RunStatus.STOPPED)
+                RunStatus.PREEMPTED if preempted else RunStatus.STARTING if moving else RunStatus.STOPPED)
         self._guarded(lambda: self.sink.finish(state.status != RunStatus.FAILED, state.segment_started_at))
         self.starter.close()
         for name in self.table.undrained():
             self.log.write(f"{name}'s output is still open after its process ended: its last lines may follow")
-        self.log.end(state.status, state.exit_reason, state.elapsed_before + state.ended_at - state.segment_started_at)
+        elapsed = state.elapsed_before + state.ended_at - state.segment_started_at
+        if state.status == RunStatus.STARTING:
+            self.log.write(f"segment ended after {elapsed:.1f}s: {state.exit_reason}; the next one starts")
+        else:
+            self.log.end(state.status, state.exit_reason, elapsed)
         state.publish_final()
         self.router.close()
         if self.preemption.requeue_job() is not None:  # Slurm refused: resumed by hand (`rlctl run --resume`)
@@ -300,13 +307,18 @@ def supervise_rundir(path: str, display=None) -> int:
     elastic run whose head host was lost goes on in a next segment, its head on another learner host."""
     os.umask(0o077)  # everything the run writes, here and in the processes it starts: folders 0700, files 0600
     rundir = RunDir(Path(path))
-    while True:
-        supervisor = prepared_supervisor(rundir, display)
-        code = supervisor.run()
-        if supervisor.head_lost is None or supervisor.stop_signals:
-            return code
-        if prepare_next_segment(rundir, supervisor.spec, supervisor.head_lost, supervisor.head_lost_at) is not None:
-            return 1
+    with StopBetweenSegments() as gap:
+        while True:
+            supervisor = prepared_supervisor(rundir, display)
+            code = supervisor.run()
+            if supervisor.head_lost is None or supervisor.stop_signals:
+                return code
+            ended = rundir.read_state() or {}  # the segment's end, counters and all: what a stop now keeps
+            if gap.signum is None and prepare_next_segment(rundir, supervisor.spec, supervisor.head_lost,
+                                                           supervisor.head_lost_at) is not None:
+                return 1
+            if gap.signum is not None:
+                return stop_between_segments(rundir, ended, gap.signum)
 
 
 def prepared_supervisor(rundir: RunDir, display=None) -> Supervisor:
