@@ -9,7 +9,8 @@ imports none of them) and the traits the rest of rlctl plans and runs by:
 * `model`: `build(job, info) -> nn.Module`, the network the learner trains and actors and evaluators run;
 * `data`: the name of its data path (rlctl.datapaths: `replay` or `rollouts`), which owns how experience travels;
 * `synchronous`: collectors wait for each new version (every round on-policy), else they never wait;
-* `recurrent`: policies carry a state across steps (`greedy(obs, state) -> (actions, state)`).
+* `recurrent`: policies carry a state across steps (`greedy(obs, state) -> (actions, state)`);
+* `actor_critic`: its model is rlctl.models.ActorCritic (a policy and a critic), not a Q-network.
 
 Adding an algorithm = its own package under rlctl/algos, one entry below, a job file and tests.
 """
@@ -35,6 +36,7 @@ class AlgorithmEntry:
     data: str
     synchronous: bool = False
     recurrent: bool = False
+    actor_critic: bool = False
 
     @property
     def data_path(self) -> DataPath:
@@ -55,7 +57,7 @@ def load_ref(ref: str):
 def _onpolicy(name: str, spec: str, learner: str, synchronous: bool = False) -> AlgorithmEntry:
     return AlgorithmEntry(name, f"rlctl.algos.onpolicy.spec:{spec}", f"rlctl.algos.onpolicy.learner:{learner}",
                           "rlctl.algos.onpolicy.actor:RolloutActor", "rlctl.algos.onpolicy.actor:build_model",
-                          ROLLOUTS, synchronous=synchronous)
+                          ROLLOUTS, synchronous=synchronous, actor_critic=True)
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
@@ -69,7 +71,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
                            recurrent=True),
     "a2c": AlgorithmEntry("a2c", "rlctl.algos.a2c.spec:A2CSpec", "rlctl.algos.a2c.learner:A2CLearner",
                           "rlctl.algos.onpolicy.actor:RolloutActor", "rlctl.algos.onpolicy.actor:build_model",
-                          ROLLOUTS, synchronous=True),
+                          ROLLOUTS, synchronous=True, actor_critic=True),
 }
 
 

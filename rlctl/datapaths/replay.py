@@ -32,10 +32,7 @@ class ReplayPath(DataPath):
             raise ValueError(f"hosts: algorithm {job.algorithm.name!r} needs replay: give some host replay_shards >= 1")
 
     def check_algorithm(self, job) -> None:
-        """Collectors to fill the shards, batches a shard serves, and no actor-critic settings."""
-        if job.model.share_trunk:
-            raise ValueError(f"model.share_trunk: {job.algorithm.name} learns one Q-network, which has no separate "
-                             "critic; share_trunk is for PPO, APPO, IMPALA and A2C")
+        """Collectors to fill the shards, and batches a shard serves."""
         if job.collector_count == 0:
             where = "hosts" if job.hosts else "topology.collectors"
             raise ValueError(f"{where}: {job.algorithm.name} needs at least one collector to fill its replay shards"

@@ -579,6 +579,9 @@ class JobSpec(Section):
     @model_validator(mode="after")
     def _check_runnable(self) -> "JobSpec":
         # After the checks above, so that their (more basic) complaints come first.
+        if self.model.share_trunk and not self.algorithm_entry.actor_critic:
+            raise ValueError(f"model.share_trunk: {self.algorithm.name} learns one Q-network, which has no separate "
+                             "critic; share_trunk is for PPO, APPO, IMPALA and A2C")
         self.data_path.check_algorithm(self)
         need, base = self.port_count, self.network.base_port
         top = MAX_PORT + 1 - need  # the highest base that fits the job's range

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from rlctl.run_reading import closed_segments
+from rlctl.run_reading import elapsed_s
 from rlctl.rundir import RunDir
 from rlctl.run_status import RunStatus
 from rlctl.job.spec import JobSpec
@@ -79,9 +79,8 @@ def stop_between_segments(rundir: RunDir, state: dict, signum: int) -> int:
     """End the run stopped, as `state` (the last segment's end) had it, after a stop between two segments; 0."""
     reason = f"stopped by {signal.Signals(signum).name} before its next segment started ({state.get('exit_reason')})"
     now = time.time()
-    rundir.write_state({**state, "status": RunStatus.STOPPED, "exit_reason": reason, "ended_at": now,
-                        "updated_at": now})
-    elapsed = sum(max(0.0, s["ended_at"] - s["started_at"]) for s in closed_segments(state))
-    SupervisorLog(rundir).end(RunStatus.STOPPED, reason, elapsed)
+    stopped = {**state, "status": RunStatus.STOPPED, "exit_reason": reason, "ended_at": now, "updated_at": now}
+    rundir.write_state(stopped)
+    SupervisorLog(rundir).end(RunStatus.STOPPED, reason, elapsed_s(stopped) or 0.0)
     print(f"rlctl: {reason}", file=sys.stderr, flush=True)
     return 0
