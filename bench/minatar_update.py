@@ -1,19 +1,16 @@
-"""The PPO update of each shipped MinAtar job on its own frames: its gradient written out against autograd's, and
-over the live columns against over all of them.
+"""The PPO update of each shipped MinAtar job on its own frames: over the live columns against over all of them.
 
 For each game the job's actor core (a fresh policy) plays its vector env until it has cut one rollout per collector
 (2 x 32 envs x 128 steps = 8,192 frames for the shipped jobs); the job's learner core
 (rlctl.roles.learner.build_core, with every core here, as a synchronous job's learner has them) then updates on
-that batch in three ways, alternately, `--repeats` times each after a warm-up: as shipped (the written-out gradient of
-rlctl.algos.onpolicy.written_gradient over the live columns), through autograd (`core.written = None`) over the
-live columns, and written out over every column (LIVE_SHARE_MAX = 0). The three take the same step up to float
-rounding (tests/test_onpolicy_math.py); only the time differs. Frames of a random policy, not a trained one: which
-cells a game ever sets depends on play, and a trained policy's frames may set more or fewer.
+that batch, alternately with rlctl.models.live_columns on (the first layers see only the columns some frame sets)
+and off (LIVE_SHARE_MAX = 0: every column), `--repeats` times each after a warm-up. The two take the same step
+(tests/test_onpolicy_math.py); only the time differs. Frames of a random policy, not a trained one: which cells a
+game ever sets depends on play, and a trained policy's frames may set more or fewer.
 
     python bench/minatar_update.py [--games breakout,asterix,...] [--repeats 5]
 
-Last line: {"bench": "minatar_update", "<game>_live_ms", "<game>_autograd_ms", "<game>_written_speedup",
-"<game>_dense_ms", "<game>_speedup", "<game>_live_share"}.
+Last line: {"bench": "minatar_update", "<game>_live_ms", "<game>_dense_ms", "<game>_speedup", "<game>_live_share"}.
 """
 
 from __future__ import annotations
@@ -84,28 +81,23 @@ def measure(game: str, repeats: int) -> dict:
     job = load_job(path)
     info, batch = rollout_batch(job)
     core = build_core(job, info, torch.device("cpu"))
-    share_max, written = models.LIVE_SHARE_MAX, core.written
-    assert written is not None, f"{path.name}'s learner does not write its gradient out"
-    variants = ("live", "autograd", "dense")
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for i in range(repeats + 1):  # the first round warms up
-        for variant in variants[i % 3:] + variants[:i % 3]:
-            models.LIVE_SHARE_MAX = 0.0 if variant == "dense" else share_max
-            core.written = None if variant == "autograd" else written
+    share_max = models.LIVE_SHARE_MAX
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(repeats + 1):  # the first pair warms up
+        for live in (True, False) if i % 2 else (False, True):
+            models.LIVE_SHARE_MAX = share_max if live else 0.0
             ms = time_update(core, batch)
             if i:
-                times[variant].append(ms)
-    models.LIVE_SHARE_MAX, core.written = share_max, written
+                times[live].append(ms)
+    models.LIVE_SHARE_MAX = share_max
     flat = batch["obs"][:-1].flatten(0, 1).flatten(1)
-    live_ms, autograd_ms, dense_ms = (statistics.median(times[v]) for v in variants)
+    live_ms, dense_ms = statistics.median(times[True]), statistics.median(times[False])
     cols = models.live_columns(flat)
     share = len(cols) / flat.shape[1] if cols is not None else 1.0
     print(f"{game:15s} {len(flat):6d} frames, {share * 100:5.1f}% of {flat.shape[1]} columns live, "
-          f"{threads} threads: {live_ms:6.1f} ms per update; through autograd {autograd_ms:6.1f} ms "
-          f"({autograd_ms / live_ms:.2f}x), over all columns {dense_ms:6.1f} ms ({dense_ms / live_ms:.2f}x)",
-          flush=True)
-    return {f"{game}_live_ms": round(live_ms, 1), f"{game}_autograd_ms": round(autograd_ms, 1),
-            f"{game}_written_speedup": round(autograd_ms / live_ms, 3), f"{game}_dense_ms": round(dense_ms, 1),
+          f"{threads} threads: live {live_ms:6.1f} ms, all columns {dense_ms:6.1f} ms per update, "
+          f"{dense_ms / live_ms:.2f}x", flush=True)
+    return {f"{game}_live_ms": round(live_ms, 1), f"{game}_dense_ms": round(dense_ms, 1),
             f"{game}_speedup": round(dense_ms / live_ms, 3), f"{game}_live_share": round(share, 3)}
 
 

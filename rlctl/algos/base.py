@@ -64,13 +64,11 @@ class UpdateResult:
 @dataclass
 class Loss:
     """What a core computes for one gradient step: the loss, its statistics (metric -> float or 0-d tensor, detached)
-    and, for replay data, new priorities of the items it was computed on (in batch order). A core that wrote the
-    gradient out itself gives no loss but `gradient`: one flat buffer that every parameter's .grad views."""
+    and, for replay data, new priorities of the items it was computed on (in batch order)."""
 
-    loss: torch.Tensor | None
+    loss: torch.Tensor
     stats: dict[str, Any] = field(default_factory=dict)
     priorities: np.ndarray | None = None
-    gradient: torch.Tensor | None = None
 
 
 class LearnerCore:
@@ -101,7 +99,7 @@ class LearnerCore:
         norms, priorities = [], None
         for part, report in self.steps(batch):
             out = self.loss(part, report)
-            norm = self.gradient_step(out.loss) if out.gradient is None else self.written_step(out.gradient)
+            norm = self.gradient_step(out.loss)
             if norm is not None:
                 norms.append(norm)
             for k, v in out.stats.items() if report else ():  # summed as tensors: one conversion per heartbeat
@@ -124,17 +122,7 @@ class LearnerCore:
         leave its peers in the all-reduce)."""
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        return self._step_if_finite(clip_grad_norm(self.model.parameters(), self.max_grad_norm))
-
-    def written_step(self, gradient: torch.Tensor) -> torch.Tensor | None:
-        """gradient_step for a gradient the core wrote itself into `gradient` (the flat buffer every parameter's
-        .grad views): clipped as one vector, the same guard and step."""
-        norm = torch.linalg.vector_norm(gradient)
-        gradient.mul_(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
-        return self._step_if_finite(norm)
-
-    def _step_if_finite(self, norm: torch.Tensor) -> torch.Tensor | None:
-        """The optimizer step on the clipped gradients, or none where their norm is not finite (counted)."""
+        norm = clip_grad_norm(self.model.parameters(), self.max_grad_norm)
         if not torch.isfinite(norm):
             self.opt.zero_grad(set_to_none=True)
             self.nonfinite_steps += 1

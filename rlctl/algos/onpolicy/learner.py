@@ -8,7 +8,6 @@ from rlctl import metric_names as M
 from rlctl.algos.base import LearnerCore, LearnerSetup, Loss, minibatch_epochs
 from rlctl.algos.onpolicy.actor import build_model
 from rlctl.algos.onpolicy.returns import gae, impala_loss, ppo_loss, vtrace
-from rlctl.algos.onpolicy.written_gradient import WrittenPPOGradient
 from rlctl.models import ActorCritic, as_float, take_columns
 from rlctl.optim import build_optimizer
 
@@ -89,12 +88,6 @@ class PPOLearner(RolloutCore):
     """PPO and APPO: `epochs` x `minibatches` clipped-surrogate steps on GAE (or, APPO with vtrace, V-trace)
     advantages; every rank takes the same number of DDP steps."""
 
-    def __init__(self, setup: LearnerSetup):
-        super().__init__(setup)
-        # Without DDP an MLP actor-critic's minibatch gradient is written out (1.4x faster on MinAtar's frames).
-        self.written = (WrittenPPOGradient(self.model)
-                        if self.train_model is self.model and WrittenPPOGradient.fits(self.model) else None)
-
     def _advantages(self, r: dict[str, torch.Tensor], rewards: torch.Tensor):
         """(advantages, returns, behaviour values) [T, B]: GAE on the values the actors recorded."""
         adv, returns = gae(rewards, r["value"], r["terminated"], r["done"], r["valid"], self.algo.gamma,
@@ -127,8 +120,6 @@ class PPOLearner(RolloutCore):
         algo = self.algo
         if len(mb["adv"]) == 0:
             return self.zero_loss()
-        if self.written is not None:
-            return Loss(None, self.written(mb, self.cols, algo, report), gradient=self.written.flat)
         # Boolean grids (MinAtar) become floats once per minibatch, not in each of the two trunks.
         obs = as_float(mb["obs"]) if mb["obs"].dtype == torch.bool else mb["obs"]
         head, value = self.train_model(obs, self.cols)
