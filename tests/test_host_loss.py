@@ -310,6 +310,33 @@ def test_an_evaluator_that_ssh_cannot_reach_is_lost_not_the_run_and_moves_once_i
     table.watch.close()
 
 
+def test_a_run_that_fails_for_an_unreached_host_names_the_host_and_every_process_of_it(tmp_path, answers):
+    """h1's replay shard out of restarts because ssh never reached h1 (255, no session began): the run fails, and its
+    reason names h1 and its learner too, whichever of h1's processes ran out of restarts first. A session that began
+    and then ended (255 from a cut connection) says nothing of reaching the host."""
+    from rlctl.supervise.process_table import ProcessTable
+
+    spec = spec_of(tmp_path, HOSTS.replace("[logging]\n", "[topology]\nmax_restarts = 0\n\n[logging]\n"))
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    on_h1 = [h.spec.name for h in table.handles if h.spec.host == "h1"]
+    assert "learner-0" in on_h1 and "replay-0" in on_h1, on_h1
+    shard = table.by_name["replay-0"]
+    shard.popen = subprocess.Popen(["sh", "-c", "exit 255"], stdin=subprocess.PIPE, start_new_session=True)
+    shard.popen.wait()
+    end = table.reap()
+    assert end is not None and end.reason.startswith("replay-0 exited with code 255"), end
+    assert f"ssh could not reach h1 (1 starts in a row), where {', '.join(on_h1)} ran" in end.reason, end.reason
+    table.watch.close()
+    table = ProcessTable(spec, make_plan(spec, "v-1", str(tmp_path / "run"), 42000), on_restart=lambda name: None)
+    shard = table.by_name["replay-0"]
+    shard.pump = SimpleNamespace(session_at=1.0, startup_failure=None, tail=[], join=lambda timeout: None)
+    shard.popen = subprocess.Popen(["sh", "-c", "exit 255"], stdin=subprocess.PIPE, start_new_session=True)
+    shard.popen.wait()
+    end = table.reap()
+    assert end is not None and "could not reach" not in end.reason, end.reason
+    table.watch.close()
+
+
 def test_a_session_begun_on_a_host_is_word_from_it_until_a_heartbeat_timeout_later(tmp_path, answers):
     """h2's learner node started again (its ssh session's far side began: rlctl.launch.remote's event) waits
     silently in its rendezvous: h2 is not lost for its processes' silence until a heartbeat timeout after that

@@ -354,6 +354,7 @@ def test_a_run_whose_head_host_is_lost_resumes_on_another_from_the_checkpoints_t
     try:
         state = wait_for(lambda: (st := read_state(run_dir)).get("status") in ("failed", "stopped") and st, 120,
                          what="the run to end without its learner's host")
+        # Whichever of h1's processes ran out of restarts first, the reason names h1's learner.
         assert "learner-0" in state["exit_reason"], state["exit_reason"]
         came = load_checkpoint(run_dir / "checkpoints" / "latest.pt")["updates"]
         assert came > 0
