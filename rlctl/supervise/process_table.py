@@ -296,7 +296,7 @@ def unreached_note(h: ProcessHandle, handles: list[ProcessHandle]) -> str:
     """For a run that fails because ssh no longer reaches `h`'s host: that host, and every process of the run there.
     A host taken down ends each of its processes' restarts at about the same time, and whichever runs out first ends
     the run; the reason names the host and its learner either way."""
-    if not (h.spec.remote and h.last_exit == SSH_FAILED and h.unreached):
+    if not h.unreached:  # counted only for a remote start that exited 255 before its session began (reap)
         return ""
     there = ", ".join(o.spec.name for o in handles if o.spec.host == h.spec.host)
     return f"; ssh could not reach {h.spec.host} ({h.unreached} starts in a row), where {there} ran"
@@ -408,8 +408,8 @@ class ProcessTable:
             return head_lost(h)
         h.life.give_up()
         why = self.policy.why_not_restarted(h.spec.critical, code)
-        return RunEnd(RunStatus.FAILED, f"{h.spec.name} exited with code {code} ({why}){unreached_note(h, self.handles)}",
-                      h.failure_record())
+        reason = f"{h.spec.name} exited with code {code} ({why}){unreached_note(h, self.handles)}"
+        return RunEnd(RunStatus.FAILED, reason, h.failure_record())
 
     def _node_lost(self, h: ProcessHandle, nodes: list[str]) -> RunEnd | None:
         """`h`'s node left the Slurm job: a collector starts again on the node with the fewest processes; any other
